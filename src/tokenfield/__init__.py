@@ -1,0 +1,46 @@
+"""tokenfield: transformers as dynamical systems.
+
+Depth is time, tokens are particles. Trace a real model's residual stream layer
+by layer, simulate self-attention as interacting particles on the sphere, and
+measure both with the same tools.
+
+The public API is re-exported here and imported lazily, so ``import tokenfield``
+and ``tokenfield --help`` stay fast (torch is only imported when needed).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "UserError": "tokenfield.errors",
+    "open_run": "tokenfield.runs",
+    "read_run_info": "tokenfield.runs",
+    "RunWriter": "tokenfield.runs",
+    "load_model": "tokenfield.models.load",
+    "wrap_model": "tokenfield.models.load",
+    "LoadedModel": "tokenfield.models.load",
+    "list_bundled_models": "tokenfield.models.load",
+    "trace": "tokenfield.models.trace",
+    "Prompt": "tokenfield.prompts",
+    "load_prompts": "tokenfield.prompts",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tokenfield' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,455 @@
+"""The standard analysis of one run: projection, depth ordering, kinematics,
+separation, bifurcation and centroid distances, on a trace or a simulation.
+
+:func:`analyze` computes (Dataset in, :class:`RunAnalysis` out, nothing
+written); :func:`analyze_run` opens a run directory, analyses it and writes
+``metrics.json``, ``projection.npz`` and ``figures/`` into it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from tokenfield.analysis.kinematics import kinematics
+from tokenfield.analysis.projection import (
+    PROJECTION_NPZ,
+    DepthOrdering,
+    Projection,
+    depth_ordering,
+    fit_projection,
+    project,
+)
+from tokenfield.analysis.separation import (
+    bifurcation,
+    can_separate,
+    category_labels,
+    centroid_distances,
+    separation,
+)
+from tokenfield.errors import UserError
+from tokenfield.runs import FIGURES, METRICS_JSON, open_run, write_json_atomic
+
+
+def select_particles(ds: xr.Dataset, which: str = "last") -> xr.Dataset:
+    """The particles an analysis uses.
+
+    ``"last"``: each prompt's last real token when the run has ``is_last``
+    (the seed followed the last token, the one that predicts the next);
+    otherwise every particle. ``"all"``: every particle.
+    """
+    if which not in ("last", "all"):
+        raise UserError(f"unknown particle selection '{which}'", "use 'last' or 'all'")
+    if which == "last" and "is_last" in ds.coords:
+        mask = np.asarray(ds["is_last"].values, dtype=bool)
+        if mask.any() and not mask.all():
+            return ds.isel(particle=np.flatnonzero(mask))
+    return ds
+
+
+def display_labels(obj: xr.Dataset | xr.DataArray) -> list[str]:
+    """A short name per particle: its ``label`` (e.g. the seed's prompt number),
+    else its prompt index, else its particle id."""
+    n = obj.sizes["particle"]
+    for name in ("label", "prompt_index", "particle"):
+        if name in obj.coords:
+            values = [str(v) for v in np.asarray(obj[name].values).tolist()]
+            if name != "label" or all(values):
+                return values
+    return [str(i) for i in range(n)]
+
+
+def pick_layers(times: np.ndarray, n: int = 4) -> list[Any]:
+    """``n`` evenly spaced time coordinates, first and last included."""
+    if len(times) == 0:
+        return []
+    index = np.unique(np.round(np.linspace(0, len(times) - 1, min(n, len(times)))).astype(int))
+    return [times[i].item() for i in index]
+
+
+@dataclass
+class RunAnalysis:
+    """Everything :func:`analyze` measured on one run (arrays, not yet JSON).
+
+    Attributes:
+        info: what was analysed (kind, model, sizes, categories).
+        options: the analysis options.
+        frame: the global PCA frame; ``pcs`` the particles in it (time,
+            particle, component).
+        depth: PC1 against time.
+        kinematics: see :func:`tokenfield.analysis.kinematics.kinematics`.
+        separation, bifurcation, centroids: None when the run has no categories.
+        layers: the time steps chosen for tables and heatmaps.
+        per_layer_frame, per_layer_pcs: the per-layer PCA, when asked for.
+        baseline: the same analysis of a baseline run (e.g. random weights).
+        simulation: the simulation analysis, for simulated runs.
+    """
+
+    info: dict[str, Any]
+    options: dict[str, Any]
+    frame: Projection
+    pcs: xr.DataArray
+    depth: DepthOrdering
+    kinematics: xr.Dataset
+    separation: xr.Dataset | None = None
+    bifurcation: xr.Dataset | None = None
+    centroids: xr.DataArray | None = None
+    layers: list[Any] = field(default_factory=list)
+    per_layer_frame: Projection | None = None
+    per_layer_pcs: xr.DataArray | None = None
+    baseline: RunAnalysis | None = None
+    simulation: Any = None
+
+    def to_metrics(self) -> dict[str, Any]:
+        """The analysis as JSON data (NaN becomes null), the content of metrics.json."""
+        return _jsonable(_metrics(self))
+
+
+def analyze(
+    ds: xr.Dataset,
+    *,
+    baseline: xr.Dataset | None = None,
+    sphere: bool = False,
+    per_layer: bool = False,
+    seed: int = 0,
+    n_permutations: int = 200,
+    particles: str = "last",
+    margin: float = 0.25,
+    frame: Projection | None = None,
+    n_layers_shown: int = 4,
+) -> RunAnalysis:
+    """Analyse a trajectory (a trace or a simulation) without writing anything.
+
+    Args:
+        ds: a trajectory Dataset (e.g. from :func:`tokenfield.open_run`).
+        baseline: the same kind of trajectory from a baseline model (a
+            random-weight copy); analysed the same way, in its own frame.
+        sphere: fit the PCA on unit-normalised states.
+        per_layer: also fit one PCA per time step.
+        seed: seeds the permutation null.
+        n_permutations: shuffled labelings per time step for the null.
+        particles: ``"last"`` (each prompt's last token, when the run knows
+            which) or ``"all"``.
+        margin: the bifurcation margin (see :func:`bifurcation`).
+        frame: project into this frame instead of fitting one (e.g. a
+            reference run's ``projection.npz``).
+        n_layers_shown: how many time steps the centroid tables show.
+    """
+    if "states" not in ds:
+        raise UserError("the trajectory has no 'states' variable", "pass a tokenfield run")
+    run = ds.attrs.get("run", {}) or {}
+    selected = select_particles(ds, particles)
+    if frame is None:
+        frame = fit_projection(selected, sphere=sphere)
+    pcs = project(selected, frame)
+    times = np.asarray(selected["time"].values)
+    options = {
+        "sphere": frame.sphere,
+        "per_layer": per_layer,
+        "seed": seed,
+        "n_permutations": n_permutations,
+        "particles": particles,
+        "bifurcation_margin": margin,
+    }
+    info: dict[str, Any] = {
+        "kind": run.get("kind", "trace" if "prompt" in ds.coords else "simulation"),
+        "model": (run.get("config") or {}).get("model", ""),
+        "n_particles": int(selected.sizes["particle"]),
+        "n_particles_in_run": int(ds.sizes["particle"]),
+        "n_time": int(selected.sizes["time"]),
+        "n_features": int(selected.sizes["feature"]),
+        "time_first": times[0].item() if len(times) else None,
+        "time_last": times[-1].item() if len(times) else None,
+    }
+    result = RunAnalysis(
+        info=info,
+        options=options,
+        frame=frame,
+        pcs=pcs,
+        depth=depth_ordering(pcs) if not frame.per_layer else depth_ordering(pcs * np.nan),
+        kinematics=kinematics(selected, pcs if not frame.per_layer else None),
+        layers=pick_layers(times, n_layers_shown),
+    )
+    if "category" in selected.coords:
+        labels = category_labels(selected)
+        info["categories"] = dict(sorted(Counter(labels.tolist()).items()))
+        if can_separate(labels):
+            result.separation = separation(
+                selected, labels, n_permutations=n_permutations, seed=seed
+            )
+            result.bifurcation = bifurcation(selected, labels, margin=margin)
+            best = result.separation["silhouette"].fillna(-np.inf).argmax().item()
+            best_time = times[best].item()
+            if best_time not in result.layers:
+                result.layers = sorted([*result.layers, best_time])
+        if len(set(labels.tolist())) >= 2:
+            result.centroids = centroid_distances(selected, labels)
+    if per_layer:
+        result.per_layer_frame = fit_projection(selected, sphere=sphere, per_layer=True)
+        result.per_layer_pcs = project(selected, result.per_layer_frame)
+    if baseline is not None:
+        result.baseline = analyze(
+            baseline,
+            sphere=sphere,
+            per_layer=per_layer,
+            seed=seed,
+            n_permutations=n_permutations,
+            particles=particles,
+            margin=margin,
+            n_layers_shown=n_layers_shown,
+        )
+    return result
+
+
+def _nanmean(values: np.ndarray, axis: int) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        counts = np.isfinite(values).sum(axis=axis)
+        sums = np.nansum(values, axis=axis)
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def _metrics(result: RunAnalysis) -> dict[str, Any]:
+    kin = result.kinematics
+    steps = kin["step"].values
+    metrics: dict[str, Any] = {
+        "info": result.info,
+        "options": result.options,
+        "projection": {
+            **result.frame.options(),
+            "explained_variance_ratio": result.frame.explained_variance_ratio,
+            "file": PROJECTION_NPZ,
+        },
+        "depth_ordering": {
+            "component": result.depth.component,
+            "overall_spearman": result.depth.overall,
+            "median_spearman": result.depth.median,
+        },
+        "kinematics": {
+            "step": steps,
+            "mean_step_length": _nanmean(kin["step_length"].values, 1),
+            "mean_relative_step": _nanmean(kin["relative_step"].values, 1),
+            "mean_angular_step_deg": np.degrees(_nanmean(kin["angular_step"].values, 1)),
+            "mean_turning_angle_deg": np.degrees(_nanmean(kin["turning_angle"].values, 1)),
+            "mean_norm": _nanmean(kin["norm"].values, 1),
+            "most_common_fastest_relative_step": _mode(kin["fastest_relative_step"].values),
+        },
+    }
+    if result.per_layer_frame is not None:
+        ratio = result.per_layer_frame.explained_variance_ratio
+        metrics["per_layer_projection"] = {
+            "time": result.per_layer_frame.times,
+            "explained_variance_ratio_pc1": ratio[:, 0],
+            "explained_variance_ratio_pc2": ratio[:, 1] if ratio.shape[1] > 1 else None,
+        }
+    sep = result.separation
+    if sep is not None:
+        best = int(sep["silhouette"].fillna(-np.inf).argmax())
+        metrics["separation"] = {
+            **sep.attrs,
+            "time": sep["time"].values,
+            **{name: sep[name].values for name in sep.data_vars},
+            "best": {name: sep[name].values[best] for name in ("silhouette",
+                     "silhouette_null_high", "silhouette_p", "ratio")}
+            | {"time": sep["time"].values[best]},
+        }
+    if result.centroids is not None:
+        cent = result.centroids
+        metrics["centroid_distances"] = {
+            "metric": "cosine",
+            "categories": list(cent["category"].values),
+            "by_time": {
+                str(layer): cent.sel(time=layer).values for layer in result.layers
+            },
+        }
+    if result.bifurcation is not None:
+        bif = result.bifurcation
+        split = {}
+        for category in bif.attrs["categories"]:
+            members = bif["split_layer"].values[category_labels(bif) == category]
+            split[category] = float(np.median(members)) if np.isfinite(members).all() else None
+        metrics["bifurcation"] = {
+            "margin": bif.attrs["margin"],
+            "category_split_layer": split,
+            "n_left_category": int(np.isfinite(bif["bifurcation_layer"].values).sum()),
+        }
+    metrics["particles"] = _particle_rows(result)
+    if result.simulation is not None:
+        metrics["simulation"] = result.simulation
+    if result.baseline is not None:
+        metrics["baseline"] = _metrics(result.baseline)
+    return metrics
+
+
+def _mode(values: np.ndarray) -> Any:
+    finite = [v for v in values.tolist() if v == v]
+    return Counter(finite).most_common(1)[0][0] if finite else None
+
+
+def _particle_rows(result: RunAnalysis) -> list[dict[str, Any]]:
+    pcs = result.pcs
+    labels = display_labels(pcs)
+    rows = []
+    for p in range(pcs.sizes["particle"]):
+        row: dict[str, Any] = {"particle": pcs["particle"].values[p].item(), "label": labels[p]}
+        for name in ("prompt_index", "category", "prompt", "token"):
+            if name in pcs.coords:
+                row[name] = pcs[name].values[p]
+        row["spearman_pc1_time"] = result.depth.per_particle.values[p]
+        row["fastest_step"] = result.kinematics["fastest_step"].values[p]
+        row["fastest_relative_step"] = result.kinematics["fastest_relative_step"].values[p]
+        if result.bifurcation is not None:
+            bif = result.bifurcation
+            row["split_layer"] = bif["split_layer"].values[p]
+            row["bifurcation_layer"] = bif["bifurcation_layer"].values[p]
+            row["joined"] = bif["joined"].values[p]
+        rows.append(row)
+    return rows
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON data: arrays to lists, numpy scalars to Python, NaN/inf to None."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, xr.DataArray):
+        return _jsonable(value.values)
+    if isinstance(value, xr.Dataset):
+        return {name: _jsonable(value[name].values) for name in value.data_vars}
+    if hasattr(value, "to_metrics"):
+        return _jsonable(value.to_metrics())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "__dataclass_fields__"):
+        import dataclasses
+
+        return _jsonable(dataclasses.asdict(value))
+    return str(value)
+
+
+def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(name, value, baseline value) rows for the short summary table."""
+
+    def rows_of(m: dict[str, Any]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        info = m.get("info", {})
+        out["particles x time steps"] = f"{info.get('n_particles')} x {info.get('n_time')}"
+        ratio = m.get("projection", {}).get("explained_variance_ratio") or []
+        if ratio:
+            out["explained variance PC1 / PC2"] = " / ".join(_fmt(r, "{:.1%}") for r in ratio[:2])
+        depth = m.get("depth_ordering", {})
+        out["Spearman(PC1, layer) overall"] = _fmt(depth.get("overall_spearman"))
+        out["Spearman(PC1, layer) median per prompt"] = _fmt(depth.get("median_spearman"))
+        kin = m.get("kinematics", {})
+        out["most common fastest step (relative)"] = _fmt(
+            kin.get("most_common_fastest_relative_step"), "{}"
+        )
+        turning = [v for v in kin.get("mean_turning_angle_deg") or [] if v is not None]
+        if turning:
+            out["mean turning angle (deg)"] = _fmt(float(np.mean(turning)), "{:.1f}")
+        sep = m.get("separation")
+        if sep:
+            best = sep["best"]
+            out["best silhouette (layer)"] = (
+                f"{_fmt(best['silhouette'])} ({_fmt(best['time'], '{}')})"
+            )
+            out["  null 97.5% / p at that layer"] = (
+                f"{_fmt(best['silhouette_null_high'])} / {_fmt(best['silhouette_p'], '{:.3g}')}"
+            )
+        bif = m.get("bifurcation")
+        if bif:
+            out["prompts that leave their category"] = str(bif.get("n_left_category"))
+        return out
+
+    main = rows_of(metrics)
+    base = rows_of(metrics["baseline"]) if metrics.get("baseline") else None
+    return [(name, value, base.get(name) if base else None) for name, value in main.items()]
+
+
+def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
+    if value is None:
+        return "n/a"
+    try:
+        return pattern.format(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def analyze_run(
+    path: str | Path,
+    baseline: str | Path | xr.Dataset | None = None,
+    *,
+    sphere: bool = False,
+    per_layer: bool = False,
+    seed: int = 0,
+    n_permutations: int = 200,
+    particles: str = "last",
+    figures: bool = True,
+) -> dict[str, Any]:
+    """Analyse a run directory and write ``metrics.json``, ``projection.npz`` and
+    ``figures/`` into it. Simulated runs also get the simulation analysis.
+
+    Args:
+        path: the run directory.
+        baseline: a baseline run (directory or Dataset), analysed side by side.
+        sphere, per_layer, seed, n_permutations, particles: see :func:`analyze`.
+        figures: also draw the figures (PNG and SVG, and an animated GIF).
+
+    Returns:
+        The metrics written to ``metrics.json``.
+    """
+    path = Path(path)
+    ds = open_run(path)
+    base_ds = open_run(baseline) if isinstance(baseline, (str, Path)) else baseline
+    if n_permutations < 0:
+        raise UserError(f"--permutations must be >= 0, got {n_permutations}", "use e.g. 200")
+    result = analyze(
+        ds,
+        baseline=base_ds,
+        sphere=sphere,
+        per_layer=per_layer,
+        seed=seed,
+        n_permutations=n_permutations,
+        particles=particles,
+    )
+    if result.info["kind"] == "simulation":
+        from tokenfield.analysis.simulation import analyze_simulation
+
+        result.simulation = analyze_simulation(ds)
+    metrics = result.to_metrics()
+    metrics["run"] = str(path)
+    if isinstance(baseline, (str, Path)):
+        metrics["baseline_run"] = str(baseline)
+    written: list[str] = []
+    if figures:
+        # the one place analysis reaches for plotting, lazily: computing never needs it
+        from tokenfield.viz import write_figures
+
+        written = [str(p.relative_to(path)) for p in write_figures(result, path / FIGURES)]
+        if result.simulation is not None:
+            from tokenfield.viz import simulation as simulation_viz
+
+            written += [
+                str(Path(p).relative_to(path))
+                for p in simulation_viz.write_simulation_figures(
+                    result.simulation, ds, path / FIGURES
+                )
+            ]
+    metrics["figures"] = written
+    result.frame.save(path / PROJECTION_NPZ)
+    write_json_atomic(path / METRICS_JSON, metrics)
+    return metrics

@@ -1,0 +1,94 @@
+"""``tokenfield trace``: run prompts through a model and store every layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tokenfield.cli._app import app
+
+
+@app.command(
+    "trace",
+    epilog=(
+        "Example: tokenfield trace --model smollm2 --prompts seed-spectrum --out runs/spectrum\n\n"
+        "Read it back with xarray.open_zarr('runs/spectrum/trajectory.zarr'). "
+        "An interrupted trace resumes when the same command is run again."
+    ),
+)
+def trace_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Bundled name (smollm2, gemma3-270m, minilm), local model dir, .gguf file, or hub id.",
+        ),
+    ] = "smollm2",
+    prompts: Annotated[
+        str,
+        typer.Option(
+            "--prompts",
+            "-p",
+            help="Bundled set (seed-categories, seed-spectrum) or a file: .txt (one a line), "
+            ".jsonl/.csv with 'text' and optional 'category', .yaml.",
+        ),
+    ] = "seed-categories",
+    positions: Annotated[
+        str, typer.Option(help="'last': last token of each prompt; 'all': every token.")
+    ] = "last",
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per forward pass.")] = 8,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
+    truncate: Annotated[
+        bool, typer.Option("--truncate", help="Keep the last tokens of over-long prompts.")
+    ] = False,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    random_weights: Annotated[
+        bool,
+        typer.Option("--random-weights", help="Trace a random-weight copy (the baseline)."),
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed for --random-weights.")] = 0,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a run made with another config.")
+    ] = False,
+) -> None:
+    """Trace prompts through a model: the residual stream after every layer.
+
+    Stores time 0 = embedding output and time i = raw output of block i for the
+    chosen positions, the final-norm output apart, and the top-5 next tokens.
+    """
+    from rich.console import Console
+
+    from tokenfield.models.load import load_model
+    from tokenfield.models.trace import trace
+    from tokenfield.prompts import load_prompts
+    from tokenfield.runs import check_writable_dir
+
+    console = Console(stderr=True)
+    prompt_list = load_prompts(prompts)  # bad prompt input fails before any loading
+    if positions not in ("last", "all"):
+        from tokenfield.errors import UserError
+
+        raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
+    check_writable_dir(out)
+    with console.status(f"loading {model}"):
+        loaded = load_model(model, device=device, dtype=dtype, random_weights=random_weights, seed=seed)
+    ds = trace(
+        loaded,
+        prompt_list,
+        positions=positions,  # type: ignore[arg-type]
+        batch_size=batch_size,
+        chat=chat,
+        truncate=truncate,
+        out=out,
+        overwrite=overwrite,
+        progress=True,
+    )
+    console.print(
+        f"[green]traced[/green] {ds.sizes['particle']} particles x {ds.sizes['time']} times "
+        f"x {ds.sizes['feature']} features -> {out}"
+    )

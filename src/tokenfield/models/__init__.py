@@ -1,0 +1,1 @@
+"""Real transformers: loading (bundled, hub, local, GGUF), sites, tracing."""

@@ -1,0 +1,334 @@
+"""Trace prompts through a model, layer by layer, into a trajectory Dataset.
+
+For each prompt the residual stream is read at every site (``embed``, every block,
+the final norm) and kept only at the asked-for positions:
+
+- ``positions="last"``: the last real token of each prompt (the seed experiment);
+- ``positions="all"``: every token (the token cloud).
+
+Batches are padded; which positions are real comes from the attention mask.
+Causal models are left-padded with ``position_ids`` derived from the mask, so a
+batched prompt sees exactly the positions it would see alone (the pitfall of
+nnsight #672), and ``logits_to_keep=1`` computes logits only for the last column,
+which is every prompt's last real token. Encoders are right-padded.
+
+With ``out``, pieces are streamed to a run directory batch by batch (see
+:mod:`tokenfield.runs`); an interrupted trace resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import xarray as xr
+
+from tokenfield.errors import UserError
+from tokenfield.models.capture import capture_residual
+from tokenfield.models.load import LoadedModel
+from tokenfield.models.sites import site_names
+from tokenfield.prompts import Prompt, load_prompts
+from tokenfield.runs import CONFIG_ATTR, RunWriter, open_run, strings
+
+__all__ = ["trace", "encode_prompts", "Positions"]
+
+Positions = Literal["last", "all"]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One prompt's token ids (after chat template and truncation)."""
+
+    prompt: Prompt
+    ids: list[int]
+
+
+def encode_prompts(
+    model: LoadedModel, prompts: Sequence[Prompt], *, chat: bool = False, truncate: bool = False
+) -> list[Encoded]:
+    """Tokenize prompts, applying the chat template and checking the context length.
+
+    Raises:
+        UserError: ``chat`` without a chat template; a prompt longer than the
+            model's context without ``truncate`` (which keeps the last tokens).
+    """
+    tokenizer = model.tokenizer
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"model '{model.name}' has no chat template", "drop --chat for this model"
+        )
+    limit = model.max_positions
+    encoded = []
+    for number, prompt in enumerate(prompts, start=1):
+        if chat:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt.text}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(prompt.text)["input_ids"]
+        if not ids:
+            raise UserError(f"prompt #{number} encodes to no tokens", "give it some text")
+        if limit and len(ids) > limit:
+            if not truncate:
+                raise UserError(
+                    f"prompt #{number} has {len(ids)} tokens, more than the model's "
+                    f"context of {limit}",
+                    f"shorten it, or pass --truncate to keep its last {limit} tokens",
+                )
+            ids = ids[-limit:]
+        encoded.append(Encoded(prompt, list(ids)))
+    return encoded
+
+
+def _pad_batch(
+    batch: Sequence[Encoded], model: LoadedModel, positions: Positions
+) -> dict[str, torch.Tensor]:
+    """Pad a batch; return model inputs and the (batch, seq) mask of kept positions."""
+    pad_id = model.tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = model.tokenizer.eos_token_id or 0
+    width = max(len(item.ids) for item in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    last = torch.zeros((len(batch), width), dtype=torch.bool)
+    for row, item in enumerate(batch):
+        n = len(item.ids)
+        if model.causal:  # left padding: every prompt ends in the last column
+            ids[row, width - n :] = torch.tensor(item.ids)
+            mask[row, width - n :] = 1
+            last[row, width - 1] = True
+        else:  # right padding
+            ids[row, :n] = torch.tensor(item.ids)
+            mask[row, :n] = 1
+            last[row, n - 1] = True
+    keep = last if positions == "last" else mask.bool()
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if model.causal:
+        inputs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"inputs": inputs, "keep": keep, "last": last}
+
+
+def _forward(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Run the model; return last-column logits (batch, vocab) for causal models."""
+    device = model.device
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    if not model.causal:
+        model.model(**inputs)
+        return None
+    out = model.model(**inputs, use_cache=False, logits_to_keep=1)
+    return out.logits[:, -1, :].float()
+
+
+def _piece(
+    model: LoadedModel,
+    batch: Sequence[Encoded],
+    first_prompt: int,
+    first_particle: int,
+    states: list[torch.Tensor],
+    final_norm: torch.Tensor,
+    keep: torch.Tensor,
+    last: torch.Tensor,
+    logits: torch.Tensor | None,
+    top_k: int,
+) -> xr.Dataset:
+    """Assemble one batch's particles into a Dataset piece."""
+    rows, cols = keep.nonzero(as_tuple=True)  # row-major, as the hooks flattened them
+    n = int(rows.numel())
+    width = keep.shape[1]
+    prompt_index, positions, tokens, is_last = [], [], [], []
+    for row, col in zip(rows.tolist(), cols.tolist()):
+        item = batch[row]
+        pad = width - len(item.ids) if model.causal else 0
+        pos = col - pad
+        prompt_index.append(first_prompt + row)
+        positions.append(pos)
+        tokens.append(model.tokenizer.decode([item.ids[pos]]))
+        is_last.append(bool(last[row, col]))
+    stacked = torch.stack(states).numpy()  # (time, particle, d)
+    coords: dict[str, Any] = {
+        "time": np.arange(len(states)),
+        "site": ("time", strings(site_names(len(states) - 1))),
+        "particle": np.arange(first_particle, first_particle + n),
+        "prompt_index": ("particle", np.array(prompt_index, dtype=np.int64)),
+        "prompt": ("particle", strings(batch[i - first_prompt].prompt.text for i in prompt_index)),
+        "category": (
+            "particle",
+            strings(batch[i - first_prompt].prompt.category for i in prompt_index),
+        ),
+        "label": ("particle", strings(batch[i - first_prompt].prompt.label for i in prompt_index)),
+        "position": ("particle", np.array(positions, dtype=np.int64)),
+        "token": ("particle", strings(tokens)),
+        "is_last": ("particle", np.array(is_last, dtype=bool)),
+    }
+    data_vars: dict[str, Any] = {
+        "states": (("time", "particle", "feature"), stacked),
+        "final_norm_states": (("particle", "feature"), final_norm.numpy()),
+    }
+    if logits is not None and top_k > 0:
+        probs = logits.softmax(-1)
+        top_prob, top_id = probs.topk(top_k, dim=-1)  # (batch, k)
+        names = np.full((n, top_k), "", dtype=object)
+        values = np.full((n, top_k), np.nan, dtype=np.float32)
+        for particle, (row, flag) in enumerate(zip(rows.tolist(), is_last)):
+            if flag:
+                names[particle] = [model.tokenizer.decode([t]) for t in top_id[row].tolist()]
+                values[particle] = top_prob[row].cpu().numpy()
+        data_vars["next_token_top"] = (("particle", "k"), names)
+        data_vars["next_token_prob"] = (("particle", "k"), values)
+    return xr.Dataset(data_vars, coords=coords)
+
+
+def trace(
+    model: LoadedModel,
+    prompts: str | Path | Sequence[Prompt | str],
+    *,
+    positions: Positions = "last",
+    batch_size: int = 8,
+    chat: bool = False,
+    truncate: bool = False,
+    top_k: int = 5,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> xr.Dataset:
+    """Trace prompts through ``model`` and return their trajectories.
+
+    Args:
+        model: from :func:`tokenfield.load_model` or :func:`tokenfield.wrap_model`.
+        prompts: a bundled set name, a prompt file, or a list of strings/prompts.
+        positions: ``"last"`` (last real token per prompt) or ``"all"`` (every token).
+        batch_size: prompts per forward pass (does not change the result).
+        chat: wrap each prompt in the model's chat template.
+        truncate: keep the last tokens of a prompt longer than the context,
+            instead of raising.
+        top_k: how many next-token predictions to keep per prompt (causal models).
+        out: stream into this run directory (resumable); ``None`` keeps it in memory.
+        overwrite: replace a run at ``out`` made with another config.
+        progress: show a progress bar.
+
+    Returns:
+        A Dataset with ``states`` (time, particle, feature), float32: ``time`` 0 is
+        the embedding output, ``time`` i the raw output of block i-1; the
+        ``final_norm_states`` (particle, feature); per-particle coordinates
+        ``prompt_index``, ``prompt``, ``category``, ``label``, ``position``,
+        ``token``, ``is_last``; and ``next_token_top``/``next_token_prob``
+        (particle, k) for the last token of each prompt (causal models).
+    """
+    if positions not in ("last", "all"):
+        raise UserError(f"unknown positions '{positions}'", "use 'last' or 'all'")
+    if batch_size < 1:
+        raise UserError(f"batch size must be at least 1, got {batch_size}", "pass --batch-size 8")
+    prompt_list = load_prompts(prompts)
+    encoded = encode_prompts(model, prompt_list, chat=chat, truncate=truncate)
+    config = {
+        "model": model.run_config(),
+        "positions": positions,
+        "chat": chat,
+        "truncate": truncate,
+        "top_k": top_k if model.causal else 0,
+        "prompts": [p.to_json() for p in prompt_list],
+    }
+    writer = None
+    if out is not None:
+        writer = RunWriter(out, "trace", config, append_dim="particle", overwrite=overwrite)
+        if writer.complete:
+            return open_run(out)
+    start = writer.done if writer else 0
+    particles = int(writer.info.progress.get("size", 0)) if writer else 0
+    pieces: list[xr.Dataset] = []
+    bar = _progress(progress, f"tracing {model.name}", len(encoded), start)
+    with bar, capture_residual(model.sites) as capture, torch.inference_mode():
+        for first in range(start, len(encoded), batch_size):
+            batch = encoded[first : first + batch_size]
+            padded = _pad_batch(batch, model, positions)
+            capture.reset(model.n_layers + 1, padded["keep"])
+            logits = _forward(model, padded["inputs"])
+            states = [s for s in capture.states if s is not None]
+            if len(states) != model.n_layers + 1:
+                raise RuntimeError("a block did not run; the site registry is wrong for this model")
+            final = capture.final_norm if capture.final_norm is not None else states[-1]
+            piece = _piece(
+                model,
+                batch,
+                first,
+                particles,
+                states,
+                final,
+                padded["keep"],
+                padded["last"],
+                logits,
+                config["top_k"],
+            )
+            particles += piece.sizes["particle"]
+            if writer:
+                writer.append(piece, done=first + len(batch))
+            else:
+                pieces.append(piece)
+            bar.advance(len(batch))
+    if writer:
+        writer.finish()
+        return open_run(out)  # type: ignore[arg-type]
+    result = xr.concat(pieces, dim="particle", data_vars="all", coords="different", compat="equals")
+    result.attrs = {
+        CONFIG_ATTR: json.dumps(config),
+        "kind": "trace",
+        "run": {"kind": "trace", "status": "complete", "config": config},
+    }
+    return result
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+class _Bar:
+    def __init__(self, label: str, total: int, completed: int):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("prompts"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self.task = self.progress.add_task(label, total=total, completed=completed)
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+        return False
+
+    def advance(self, n: int) -> None:
+        self.progress.advance(self.task, n)
+
+
+def _progress(enabled: bool, label: str, total: int, completed: int) -> _NoBar | _Bar:
+    return _Bar(label, total, completed) if enabled else _NoBar()

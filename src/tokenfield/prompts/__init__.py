@@ -1,0 +1,189 @@
+"""Prompt sets: the seed experiment's two sets, and loaders for user files.
+
+A prompt is text plus an optional category and label (the seed numbers its
+spectrum prompts 1..21; the label carries that number).
+
+Accepted sources for :func:`load_prompts`:
+
+- a bundled set name: ``seed-categories`` (25 prompts in 5 categories) or
+  ``seed-spectrum`` (21 numbered prompts in 7 groups), exactly as written in the
+  seed post;
+- ``.txt``: one prompt a line (blank lines and lines starting with ``#`` skipped);
+- ``.jsonl``: one object a line with ``text`` and optional ``category``, ``label``;
+- ``.csv``: a header row with a ``text`` column and optional ``category``, ``label``;
+- ``.yaml`` / ``.yml``: a list of strings or of mappings with ``text`` (and
+  optional ``category``, ``label``), or a mapping ``{category: [text, ...]}``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tokenfield.errors import UserError
+
+BUNDLED_SETS = ("seed-categories", "seed-spectrum")
+
+__all__ = ["BUNDLED_SETS", "Prompt", "load_prompts", "as_prompts"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: its text, category ("" when none) and label ("" when none)."""
+
+    text: str
+    category: str = ""
+    label: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def as_prompts(prompts: Iterable[Prompt | str | dict[str, Any]]) -> list[Prompt]:
+    """Coerce strings / mappings / prompts to a list of :class:`Prompt`."""
+    out: list[Prompt] = []
+    for item in prompts:
+        if isinstance(item, Prompt):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(Prompt(item))
+        elif isinstance(item, dict):
+            out.append(_from_mapping(item, "<list>", len(out) + 1))
+        else:
+            raise UserError(
+                f"prompt #{len(out) + 1} is a {type(item).__name__}",
+                "give prompts as strings, mappings with 'text', or Prompt objects",
+            )
+    return _validated(out, "<list>")
+
+
+def load_prompts(source: str | Path | Sequence[Prompt | str]) -> list[Prompt]:
+    """Load prompts from a bundled set name, a file, or a list.
+
+    Raises:
+        UserError: unknown set, missing/unreadable/empty file, bad format.
+    """
+    if not isinstance(source, (str, Path)):
+        return as_prompts(source)
+    name = str(source)
+    if name in BUNDLED_SETS:
+        text = resources.files("tokenfield.prompts").joinpath("data", f"{name}.jsonl").read_text()
+        return _validated(_parse_jsonl(text, name), name)
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise UserError(
+            f"prompt file '{name}' does not exist",
+            f"pass a file path or one of the bundled sets: {', '.join(BUNDLED_SETS)}",
+        )
+    if path.is_dir():
+        raise UserError(f"'{name}' is a directory", "pass a prompt file (.txt, .jsonl, .csv, .yaml)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise UserError(
+            f"cannot read prompt file '{name}' ({reason})",
+            "check its permissions and that it is UTF-8 text",
+        ) from None
+    suffix = path.suffix.lower()
+    if suffix in (".txt", ""):
+        prompts = [Prompt(line.strip()) for line in text.splitlines() if _is_prompt_line(line)]
+    elif suffix == ".jsonl":
+        prompts = _parse_jsonl(text, name)
+    elif suffix == ".csv":
+        prompts = _parse_csv(text, name)
+    elif suffix in (".yaml", ".yml"):
+        prompts = _parse_yaml(text, name)
+    else:
+        raise UserError(
+            f"prompt file '{name}' has an unknown extension '{suffix}'",
+            "use .txt (one prompt a line), .jsonl, .csv or .yaml",
+        )
+    return _validated(prompts, name)
+
+
+def _is_prompt_line(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and not stripped.startswith("#")
+
+
+def _from_mapping(item: dict[str, Any], source: str, number: int) -> Prompt:
+    text = item.get("text")
+    if not isinstance(text, str):
+        raise UserError(
+            f"prompt #{number} in '{source}' has no 'text' string",
+            "give every entry a 'text' field",
+        )
+    return Prompt(text, str(item.get("category") or ""), str(item.get("label") or ""))
+
+
+def _parse_jsonl(text: str, source: str) -> list[Prompt]:
+    prompts = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(
+                f"line {line_no} of '{source}' is not valid JSON ({exc.msg})",
+                "write one JSON object per line",
+            ) from None
+        if not isinstance(item, dict):
+            raise UserError(
+                f"line {line_no} of '{source}' is not a JSON object",
+                'write objects like {"text": "...", "category": "..."}',
+            )
+        prompts.append(_from_mapping(item, source, line_no))
+    return prompts
+
+
+def _parse_csv(text: str, source: str) -> list[Prompt]:
+    reader = csv.DictReader(text.splitlines())
+    if reader.fieldnames is None or "text" not in reader.fieldnames:
+        raise UserError(
+            f"CSV prompt file '{source}' has no 'text' column",
+            "add a header row with a 'text' column (and optional 'category', 'label')",
+        )
+    return [_from_mapping(row, source, i) for i, row in enumerate(reader, start=1)]
+
+
+def _parse_yaml(text: str, source: str) -> list[Prompt]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"'{source}' is not valid YAML ({exc})", "fix the YAML syntax") from None
+    if data is None:
+        return []
+    if isinstance(data, dict):
+        prompts = []
+        for category, texts in data.items():
+            if not isinstance(texts, list):
+                raise UserError(
+                    f"category '{category}' in '{source}' is not a list",
+                    "write 'category: [prompt, ...]'",
+                )
+            prompts.extend(Prompt(str(t), str(category)) for t in texts)
+        return prompts
+    if isinstance(data, list):
+        return [
+            Prompt(item) if isinstance(item, str) else _from_mapping(item, source, i)
+            for i, item in enumerate(data, start=1)
+        ]
+    raise UserError(f"'{source}' holds no list of prompts", "write a YAML list of prompts")
+
+
+def _validated(prompts: list[Prompt], source: str) -> list[Prompt]:
+    if not prompts:
+        raise UserError(f"no prompts in '{source}'", "put at least one prompt in it")
+    for number, prompt in enumerate(prompts, start=1):
+        if not prompt.text.strip():
+            raise UserError(f"prompt #{number} in '{source}' is empty", "remove it or give it text")
+    return prompts

@@ -1,0 +1,325 @@
+"""Run directories: the on-disk contract between tracing, simulation and analysis.
+
+A run is a directory::
+
+    RUN/
+      run.json          kind, config, tokenfield version, status, progress
+      trajectory.zarr/  an xarray Dataset stored with Zarr (format 3)
+      metrics.json      written by analyses
+      figures/          written by analyses and plots
+
+``states`` has dims ``(time, particle, feature)``. Anyone can read a run with
+``xarray.open_zarr(RUN / "trajectory.zarr")``.
+
+Writes are streamed and resumable. :class:`RunWriter` appends one piece at a
+time along a growing dimension (``particle`` for traces, ``time`` for
+simulations) and then records progress in ``run.json`` with an atomic rename.
+A process killed between the two leaves extra rows in the Zarr store; on
+resume they are trimmed back to what ``run.json`` recorded, so every unit of
+work lands exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import xarray as xr
+
+from tokenfield.errors import UserError
+
+RUN_JSON = "run.json"
+TRAJECTORY = "trajectory.zarr"
+METRICS_JSON = "metrics.json"
+FIGURES = "figures"
+CONFIG_ATTR = "tokenfield_config"
+
+RunKind = Literal["trace", "simulation"]
+Status = Literal["partial", "complete"]
+
+
+def _version() -> str:
+    from tokenfield import __version__
+
+    return __version__
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON to ``path`` through a temporary file and an atomic rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(obj, handle, indent=2, sort_keys=False, default=_json_default)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
+
+
+def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as plain JSON data (round-tripped), for comparison and storage."""
+    return json.loads(json.dumps(dict(config), default=_json_default, sort_keys=True))
+
+
+@dataclass
+class RunInfo:
+    """The contents of ``run.json``."""
+
+    path: Path
+    kind: RunKind
+    config: dict[str, Any]
+    status: Status = "partial"
+    progress: dict[str, Any] = field(default_factory=dict)
+    version: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "status": self.status,
+            "tokenfield_version": self.version,
+            "config": self.config,
+            "progress": self.progress,
+        }
+
+
+def is_run(path: str | Path) -> bool:
+    return (Path(path) / RUN_JSON).is_file()
+
+
+def read_run_info(path: str | Path) -> RunInfo:
+    """Read ``run.json``; raise :class:`UserError` when ``path`` is not a run."""
+    path = Path(path)
+    meta = path / RUN_JSON
+    if not meta.is_file():
+        raise UserError(
+            f"'{path}' is not a tokenfield run (no {RUN_JSON})",
+            "pass a directory written by 'tokenfield trace' or 'tokenfield simulate'",
+        )
+    try:
+        data = json.loads(meta.read_text())
+        return RunInfo(
+            path=path,
+            kind=data["kind"],
+            config=data["config"],
+            status=data.get("status", "partial"),
+            progress=data.get("progress", {}),
+            version=data.get("tokenfield_version", ""),
+        )
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise UserError(
+            f"'{meta}' is damaged ({exc})", "re-create the run with --overwrite"
+        ) from None
+
+
+def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
+    """Open a run's trajectory as a lazily loaded :class:`xarray.Dataset`.
+
+    The run's ``run.json`` contents are in ``ds.attrs["run"]``. A partial run is
+    refused unless ``allow_partial`` (its rows past the recorded progress, if
+    any, are not trustworthy).
+    """
+    info = read_run_info(path)
+    if not info.complete and not allow_partial:
+        raise UserError(
+            f"run '{path}' is partial (interrupted)",
+            "re-run the command that made it to resume, or pass allow_partial=True",
+        )
+    store = Path(path) / TRAJECTORY
+    if not store.exists():
+        raise UserError(f"run '{path}' has no {TRAJECTORY}", "re-create it with --overwrite")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = xr.open_zarr(store, consolidated=False)
+    # Coordinates (labels, prompts, tokens) are small: load them so that they are
+    # plain numpy arrays; the states stay lazy.
+    for name in list(ds.coords):
+        ds.coords[name] = ds.coords[name].load()
+    ds.attrs["run"] = info.to_json()
+    return ds
+
+
+def check_writable_dir(path: Path) -> None:
+    """Raise :class:`UserError` unless ``path`` can be created and written."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"output path '{path}' is inside a file ('{probe}')", "choose another --out")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"output directory '{probe}' is not writable", "choose another --out")
+
+
+class RunWriter:
+    """Create or resume a run directory and stream pieces of a Dataset into it.
+
+    Args:
+        path: the run directory.
+        kind: ``"trace"`` or ``"simulation"``.
+        config: everything that determines the run's content (JSON-able). A
+            directory holding a run with a different config is refused unless
+            ``overwrite``.
+        append_dim: the dimension that grows as pieces arrive.
+        overwrite: replace whatever run is at ``path``.
+
+    After construction, :attr:`done` says how many units of work (prompts,
+    saved steps, ...) are already stored, so the caller skips them.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        kind: RunKind,
+        config: Mapping[str, Any],
+        *,
+        append_dim: str,
+        overwrite: bool = False,
+    ):
+        self.path = Path(path)
+        self.append_dim = append_dim
+        self.config = canonical_config(config)
+        check_writable_dir(self.path)
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"output path '{self.path}' is a file", "choose a directory for --out")
+        existing = read_run_info(self.path) if is_run(self.path) else None
+        if existing is not None and not overwrite and existing.config != self.config:
+            changed = sorted(
+                k
+                for k in set(existing.config) | set(self.config)
+                if existing.config.get(k) != self.config.get(k)
+            )
+            raise UserError(
+                f"'{self.path}' holds a run made with a different config "
+                f"(differs in: {', '.join(changed)})",
+                "pass --overwrite to replace it, or choose another --out",
+            )
+        if existing is not None and not overwrite and existing.kind != kind:
+            raise UserError(f"'{self.path}' holds a {existing.kind} run", "choose another --out")
+        if (
+            existing is None
+            and self.path.is_dir()
+            and any(self.path.iterdir())
+            and not overwrite
+        ):
+            raise UserError(
+                f"output directory '{self.path}' exists and is not a tokenfield run",
+                "choose an empty or new directory, or pass --overwrite",
+            )
+        if overwrite and self.path.exists():
+            self._clear()
+            existing = None
+        self.path.mkdir(parents=True, exist_ok=True)
+        if existing is None:
+            self.info = RunInfo(
+                self.path, kind, self.config, "partial", {"done": 0, "size": 0}, _version()
+            )
+            write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+        else:
+            self.info = existing
+            self._trim_to_progress()
+
+    @property
+    def store(self) -> Path:
+        return self.path / TRAJECTORY
+
+    @property
+    def done(self) -> int:
+        """Units of work already stored."""
+        return int(self.info.progress.get("done", 0))
+
+    @property
+    def complete(self) -> bool:
+        return self.info.complete
+
+    def _clear(self) -> None:
+        for name in (TRAJECTORY, RUN_JSON, METRICS_JSON, FIGURES):
+            target = self.path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+
+    def _trim_to_progress(self) -> None:
+        """Drop rows written after the last recorded progress (a kill mid-append)."""
+        if not self.store.exists():
+            self.info.progress = {"done": 0, "size": 0}
+            return
+        import zarr
+
+        size = int(self.info.progress.get("size", 0))
+        if size == 0:
+            shutil.rmtree(self.store)
+            self.info.progress = {"done": 0, "size": 0}
+            return
+        group = zarr.open_group(str(self.store), mode="r+")
+        for name in group.array_keys():
+            array = group[name]
+            dims = list(array.metadata.dimension_names or [])
+            if self.append_dim in dims:
+                axis = dims.index(self.append_dim)
+                if array.shape[axis] != size:
+                    shape = list(array.shape)
+                    shape[axis] = size
+                    array.resize(tuple(shape))
+
+    def append(self, piece: xr.Dataset, done: int, **progress: Any) -> None:
+        """Append ``piece`` along the growing dimension, then record ``done`` units.
+
+        ``progress`` holds any extra state needed to resume (e.g. an RNG state).
+        """
+        piece = piece.copy()
+        piece.attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": self.info.kind}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if self.store.exists():
+                piece.to_zarr(self.store, append_dim=self.append_dim, consolidated=False)
+            else:
+                piece.to_zarr(self.store, mode="w", consolidated=False)
+        size = int(self.info.progress.get("size", 0)) + int(piece.sizes[self.append_dim])
+        self.info.progress = {**progress, "done": int(done), "size": size}
+        write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+
+    def write_variables(self, variables: xr.Dataset) -> None:
+        """Add variables that do not grow (e.g. computed at the end) to the store."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            variables.to_zarr(self.store, mode="a", consolidated=False)
+
+    def finish(self, **progress: Any) -> None:
+        """Mark the run complete."""
+        self.info.status = "complete"
+        self.info.progress = {**self.info.progress, **progress}
+        write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+
+
+def strings(values: Any) -> np.ndarray:
+    """An object array of Python strings: Zarr stores it as variable-length UTF-8,
+    so pieces with longer strings can be appended later."""
+    return np.array([str(v) for v in values], dtype=object)
