@@ -172,7 +172,9 @@ def check_writable_dir(path: Path) -> None:
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise UserError(f"output path '{path}' is inside a file ('{probe}')", "choose another --out")
+        raise UserError(
+            f"output path '{path}' is inside a file ('{probe}')", "choose another --out"
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"output directory '{probe}' is not writable", "choose another --out")
 
@@ -222,12 +224,7 @@ class RunWriter:
             )
         if existing is not None and not overwrite and existing.kind != kind:
             raise UserError(f"'{self.path}' holds a {existing.kind} run", "choose another --out")
-        if (
-            existing is None
-            and self.path.is_dir()
-            and any(self.path.iterdir())
-            and not overwrite
-        ):
+        if existing is None and self.path.is_dir() and any(self.path.iterdir()) and not overwrite:
             raise UserError(
                 f"output directory '{self.path}' exists and is not a tokenfield run",
                 "choose an empty or new directory, or pass --overwrite",
@@ -311,9 +308,22 @@ class RunWriter:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             variables.to_zarr(self.store, mode="a", consolidated=False)
+        if self.complete:
+            self._consolidate()
+
+    def _consolidate(self) -> None:
+        """Consolidate Zarr metadata so plain ``xarray.open_zarr`` opens the store
+        quickly and without warnings."""
+        import zarr
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            zarr.consolidate_metadata(str(self.store))
 
     def finish(self, **progress: Any) -> None:
-        """Mark the run complete."""
+        """Mark the run complete (and consolidate the store's metadata)."""
+        if self.store.exists():
+            self._consolidate()
         self.info.status = "complete"
         self.info.progress = {**self.info.progress, **progress}
         write_json_atomic(self.path / RUN_JSON, self.info.to_json())

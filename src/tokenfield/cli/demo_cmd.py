@@ -38,6 +38,6 @@ def demo_command(
     console.print(
         f"done in {time.perf_counter() - started:.1f} s. Runs: "
         + ", ".join(str(out / name) for name in SEED_SETS)
-        + "\nRead one with: python -c \"import xarray as xr; "
+        + '\nRead one with: python -c "import xarray as xr; '
         f"print(xr.open_zarr('{out / SEED_SETS[0]}/trajectory.zarr'))\""
     )

@@ -41,7 +41,9 @@ def trace_command(
         str, typer.Option(help="'last': last token of each prompt; 'all': every token.")
     ] = "last",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per forward pass.")] = 8,
-    chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
+    chat: Annotated[
+        bool, typer.Option("--chat", help="Wrap prompts in the chat template.")
+    ] = False,
     truncate: Annotated[
         bool, typer.Option("--truncate", help="Keep the last tokens of over-long prompts.")
     ] = False,
@@ -76,7 +78,9 @@ def trace_command(
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
     check_writable_dir(out)
     with console.status(f"loading {model}"):
-        loaded = load_model(model, device=device, dtype=dtype, random_weights=random_weights, seed=seed)
+        loaded = load_model(
+            model, device=device, dtype=dtype, random_weights=random_weights, seed=seed
+        )
     ds = trace(
         loaded,
         prompt_list,

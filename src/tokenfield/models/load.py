@@ -329,7 +329,9 @@ def _resolve(spec: str) -> tuple[Path, str, str]:
         return path, _dir_fingerprint(path), spec
     if path.exists():
         raise UserError(f"'{spec}' is not a model directory or a .gguf file", "check the path")
-    looks_like_path = spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", "", 1)
+    looks_like_path = spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace(
+        "/", "", 1
+    )
     if looks_like_path:
         raise UserError(f"model path '{spec}' does not exist", "check the path")
     return _resolve_hub(spec)

@@ -59,9 +59,7 @@ def encode_prompts(
     """
     tokenizer = model.tokenizer
     if chat and not getattr(tokenizer, "chat_template", None):
-        raise UserError(
-            f"model '{model.name}' has no chat template", "drop --chat for this model"
-        )
+        raise UserError(f"model '{model.name}' has no chat template", "drop --chat for this model")
     limit = model.max_positions
     encoded = []
     for number, prompt in enumerate(prompts, start=1):
@@ -144,7 +142,7 @@ def _piece(
     n = int(rows.numel())
     width = keep.shape[1]
     prompt_index, positions, tokens, is_last = [], [], [], []
-    for row, col in zip(rows.tolist(), cols.tolist()):
+    for row, col in zip(rows.tolist(), cols.tolist(), strict=True):
         item = batch[row]
         pad = width - len(item.ids) if model.causal else 0
         pos = col - pad
@@ -177,7 +175,7 @@ def _piece(
         top_prob, top_id = probs.topk(top_k, dim=-1)  # (batch, k)
         names = np.full((n, top_k), "", dtype=object)
         values = np.full((n, top_k), np.nan, dtype=np.float32)
-        for particle, (row, flag) in enumerate(zip(rows.tolist(), is_last)):
+        for particle, (row, flag) in enumerate(zip(rows.tolist(), is_last, strict=True)):
             if flag:
                 names[particle] = [model.tokenizer.decode([t]) for t in top_id[row].tolist()]
                 values[particle] = top_prob[row].cpu().numpy()

@@ -81,7 +81,9 @@ def load_prompts(source: str | Path | Sequence[Prompt | str]) -> list[Prompt]:
             f"pass a file path or one of the bundled sets: {', '.join(BUNDLED_SETS)}",
         )
     if path.is_dir():
-        raise UserError(f"'{name}' is a directory", "pass a prompt file (.txt, .jsonl, .csv, .yaml)")
+        raise UserError(
+            f"'{name}' is a directory", "pass a prompt file (.txt, .jsonl, .csv, .yaml)"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
