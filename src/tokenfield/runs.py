@@ -58,6 +58,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "w") as handle:
             json.dump(obj, handle, indent=2, sort_keys=False, default=_json_default)
             handle.write("\n")
@@ -68,6 +69,12 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _json_default(value: Any) -> Any:

@@ -103,3 +103,12 @@ def test_atomic_json_never_half_written(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert json.loads(target.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_atomic_json_has_the_usual_mode(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "m.json", {"a": 1})
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o644

@@ -37,9 +37,7 @@ def vector_angle(u: np.ndarray, w: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         uh = u / nu
         wh = w / nw
-        angle = 2.0 * np.arctan2(
-            np.linalg.norm(uh - wh, axis=-1), np.linalg.norm(uh + wh, axis=-1)
-        )
+        angle = 2.0 * np.arctan2(np.linalg.norm(uh - wh, axis=-1), np.linalg.norm(uh + wh, axis=-1))
     return np.where((nu[..., 0] > 0) & (nw[..., 0] > 0), angle, np.nan)
 
 

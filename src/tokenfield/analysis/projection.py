@@ -116,11 +116,13 @@ def load_projection(path: str | Path) -> Projection:
                 sphere=bool(meta["sphere"]),
                 per_layer=bool(meta["per_layer"]),
                 include_final_norm=bool(meta["include_final_norm"]),
-                times=data["times"] if "times" in data else None,
+                times=data.get("times", None),
                 source=meta.get("source", {}),
             )
     except (KeyError, ValueError, OSError) as exc:
-        raise UserError(f"'{path}' is not a saved projection ({exc})", "re-run the analysis") from None
+        raise UserError(
+            f"'{path}' is not a saved projection ({exc})", "re-run the analysis"
+        ) from None
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -176,6 +178,10 @@ def fit_projection(
     source = {k: source[k] for k in ("model", "kind") if k in source}
     source["kind"] = ds.attrs.get("run", {}).get("kind", source.get("kind", ""))
     if per_layer:
+        if n_particle < 2:
+            raise UserError(
+                "per-layer PCA needs at least 2 particles", "trace more prompts or drop per_layer"
+            )
         if include_final_norm:
             raise UserError(
                 "per-layer PCA cannot include the final-norm states",
@@ -205,9 +211,7 @@ def fit_projection(
     rows = states.reshape(n_time * n_particle, n_feature)
     if include_final_norm:
         if "final_norm_states" not in ds:
-            raise UserError(
-                "the run has no 'final_norm_states'", "fit without include_final_norm"
-            )
+            raise UserError("the run has no 'final_norm_states'", "fit without include_final_norm")
         final = np.asarray(
             ds["final_norm_states"].transpose("particle", "feature").values, dtype=np.float64
         )
@@ -316,7 +320,8 @@ def depth_ordering(pcs: xr.DataArray, component: int = 1) -> DepthOrdering:
     Final-norm steps (``is_final_norm``) are left out.
 
     Args:
-        pcs: (time, particle, component) from :func:`project` with a global frame.
+        pcs: (time, particle, component) from :func:`project` with a global frame
+            (with a per-layer frame every correlation is NaN).
         component: the component number (1-based).
     """
     from scipy.stats import spearmanr
@@ -326,13 +331,15 @@ def depth_ordering(pcs: xr.DataArray, component: int = 1) -> DepthOrdering:
     values = np.asarray(pcs.sel(component=component).transpose("time", "particle").values)
     times = np.asarray(pcs["time"].values, dtype=np.float64)
     per = np.full(values.shape[1], np.nan)
-    if len(times) >= 2:
+    # per-layer frames are unrelated across time: no ordering to measure
+    comparable = len(times) >= 2 and not pcs.attrs.get("per_layer", False)
+    if comparable:
         for p in range(values.shape[1]):
             column = values[:, p]
             if np.ptp(column) > 0:
                 per[p] = spearmanr(times, column).statistic
     overall = float("nan")
-    if len(times) >= 2 and np.ptp(values) > 0:
+    if comparable and np.ptp(values) > 0:
         overall = float(spearmanr(np.repeat(times, values.shape[1]), values.ravel()).statistic)
     particle_coords = {k: v for k, v in pcs.coords.items() if v.dims == ("particle",)}
     per_particle = xr.DataArray(per, dims=("particle",), coords=particle_coords, name="spearman")

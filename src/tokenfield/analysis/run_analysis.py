@@ -144,7 +144,13 @@ def analyze(
     if "states" not in ds:
         raise UserError("the trajectory has no 'states' variable", "pass a tokenfield run")
     run = ds.attrs.get("run", {}) or {}
-    selected = select_particles(ds, particles)
+    system = None
+    if "system" in ds["states"].dims:
+        # a batch of simulated systems: the trajectory measures describe the first
+        system = 0
+        ds = ds.isel(system=0)
+    # read the selected particles once: every measure below walks the states again
+    selected = select_particles(ds, particles).load()
     if frame is None:
         frame = fit_projection(selected, sphere=sphere)
     pcs = project(selected, frame)
@@ -167,12 +173,14 @@ def analyze(
         "time_first": times[0].item() if len(times) else None,
         "time_last": times[-1].item() if len(times) else None,
     }
+    if system is not None:
+        info["system"] = system
     result = RunAnalysis(
         info=info,
         options=options,
         frame=frame,
         pcs=pcs,
-        depth=depth_ordering(pcs) if not frame.per_layer else depth_ordering(pcs * np.nan),
+        depth=depth_ordering(pcs),
         kinematics=kinematics(selected, pcs if not frame.per_layer else None),
         layers=pick_layers(times, n_layers_shown),
     )
@@ -184,7 +192,9 @@ def analyze(
                 selected, labels, n_permutations=n_permutations, seed=seed
             )
             result.bifurcation = bifurcation(selected, labels, margin=margin)
-            best = result.separation["silhouette"].fillna(-np.inf).argmax().item()
+            best = int(
+                np.argmax(np.nan_to_num(result.separation["silhouette"].values, nan=-np.inf))
+            )
             best_time = times[best].item()
             if best_time not in result.layers:
                 result.layers = sorted([*result.layers, best_time])
@@ -240,6 +250,16 @@ def _metrics(result: RunAnalysis) -> dict[str, Any]:
             "most_common_fastest_relative_step": _mode(kin["fastest_relative_step"].values),
         },
     }
+    if "velocity" in kin:
+        # the seed's dPC2/dPC1 blows up where PC1 stalls: the median is the robust summary
+        velocity = kin["velocity"].values
+        with np.errstate(all="ignore"):
+            finite = np.where(np.isfinite(velocity), velocity, np.nan)
+            has = np.isfinite(finite).any(axis=1)
+            median = np.full(len(steps), np.nan)
+            if has.any():
+                median[has] = np.nanmedian(finite[has], axis=1)
+        metrics["kinematics"]["median_velocity_dpc2_dpc1"] = median
     if result.per_layer_frame is not None:
         ratio = result.per_layer_frame.explained_variance_ratio
         metrics["per_layer_projection"] = {
@@ -249,13 +269,15 @@ def _metrics(result: RunAnalysis) -> dict[str, Any]:
         }
     sep = result.separation
     if sep is not None:
-        best = int(sep["silhouette"].fillna(-np.inf).argmax())
+        best = int(np.argmax(np.nan_to_num(sep["silhouette"].values, nan=-np.inf)))
         metrics["separation"] = {
             **sep.attrs,
             "time": sep["time"].values,
             **{name: sep[name].values for name in sep.data_vars},
-            "best": {name: sep[name].values[best] for name in ("silhouette",
-                     "silhouette_null_high", "silhouette_p", "ratio")}
+            "best": {
+                name: sep[name].values[best]
+                for name in ("silhouette", "silhouette_null_high", "silhouette_p", "ratio")
+            }
             | {"time": sep["time"].values[best]},
         }
     if result.centroids is not None:
@@ -263,16 +285,16 @@ def _metrics(result: RunAnalysis) -> dict[str, Any]:
         metrics["centroid_distances"] = {
             "metric": "cosine",
             "categories": list(cent["category"].values),
-            "by_time": {
-                str(layer): cent.sel(time=layer).values for layer in result.layers
-            },
+            "by_time": {str(layer): cent.sel(time=layer).values for layer in result.layers},
         }
     if result.bifurcation is not None:
         bif = result.bifurcation
         split = {}
         for category in bif.attrs["categories"]:
             members = bif["split_layer"].values[category_labels(bif) == category]
-            split[category] = float(np.median(members)) if np.isfinite(members).all() else None
+            split[category] = (
+                _time_value(np.median(members)) if np.isfinite(members).all() else None
+            )
         metrics["bifurcation"] = {
             "margin": bif.attrs["margin"],
             "category_split_layer": split,
@@ -287,12 +309,23 @@ def _metrics(result: RunAnalysis) -> dict[str, Any]:
 
 
 def _mode(values: np.ndarray) -> Any:
+    """The most common finite value (a layer index as int), or None."""
     finite = [v for v in values.tolist() if v == v]
-    return Counter(finite).most_common(1)[0][0] if finite else None
+    return _time_value(Counter(finite).most_common(1)[0][0]) if finite else None
+
+
+def _time_value(value: Any) -> Any:
+    """A time coordinate held as float (for NaN) back to int when it is a layer index."""
+    value = float(value)
+    if math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _particle_rows(result: RunAnalysis) -> list[dict[str, Any]]:
     pcs = result.pcs
+    integral = np.issubdtype(np.asarray(pcs["time"].values).dtype, np.integer)
+    as_time = _time_value if integral else float
     labels = display_labels(pcs)
     rows = []
     for p in range(pcs.sizes["particle"]):
@@ -301,12 +334,12 @@ def _particle_rows(result: RunAnalysis) -> list[dict[str, Any]]:
             if name in pcs.coords:
                 row[name] = pcs[name].values[p]
         row["spearman_pc1_time"] = result.depth.per_particle.values[p]
-        row["fastest_step"] = result.kinematics["fastest_step"].values[p]
-        row["fastest_relative_step"] = result.kinematics["fastest_relative_step"].values[p]
+        row["fastest_step"] = as_time(result.kinematics["fastest_step"].values[p])
+        row["fastest_relative_step"] = as_time(result.kinematics["fastest_relative_step"].values[p])
         if result.bifurcation is not None:
             bif = result.bifurcation
-            row["split_layer"] = bif["split_layer"].values[p]
-            row["bifurcation_layer"] = bif["bifurcation_layer"].values[p]
+            row["split_layer"] = as_time(bif["split_layer"].values[p])
+            row["bifurcation_layer"] = as_time(bif["bifurcation_layer"].values[p])
             row["joined"] = bif["joined"].values[p]
         rows.append(row)
     return rows
@@ -347,15 +380,17 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str | None]]:
     def rows_of(m: dict[str, Any]) -> dict[str, str]:
         out: dict[str, str] = {}
         info = m.get("info", {})
+        step = "layer" if info.get("kind", "trace") == "trace" else "time"
+        unit = "prompt" if info.get("kind", "trace") == "trace" else "particle"
         out["particles x time steps"] = f"{info.get('n_particles')} x {info.get('n_time')}"
         ratio = m.get("projection", {}).get("explained_variance_ratio") or []
         if ratio:
             out["explained variance PC1 / PC2"] = " / ".join(_fmt(r, "{:.1%}") for r in ratio[:2])
         depth = m.get("depth_ordering", {})
-        out["Spearman(PC1, layer) overall"] = _fmt(depth.get("overall_spearman"))
-        out["Spearman(PC1, layer) median per prompt"] = _fmt(depth.get("median_spearman"))
+        out[f"Spearman(PC1, {step}) overall"] = _fmt(depth.get("overall_spearman"))
+        out[f"Spearman(PC1, {step}) median per {unit}"] = _fmt(depth.get("median_spearman"))
         kin = m.get("kinematics", {})
-        out["most common fastest step (relative)"] = _fmt(
+        out[f"most common fastest {step} (relative step)"] = _fmt(
             kin.get("most_common_fastest_relative_step"), "{}"
         )
         turning = [v for v in kin.get("mean_turning_angle_deg") or [] if v is not None]
@@ -364,15 +399,19 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str | None]]:
         sep = m.get("separation")
         if sep:
             best = sep["best"]
-            out["best silhouette (layer)"] = (
+            out[f"best silhouette ({step})"] = (
                 f"{_fmt(best['silhouette'])} ({_fmt(best['time'], '{}')})"
             )
-            out["  null 97.5% / p at that layer"] = (
+            out[f"  null 97.5% / p at that {step}"] = (
                 f"{_fmt(best['silhouette_null_high'])} / {_fmt(best['silhouette_p'], '{:.3g}')}"
             )
         bif = m.get("bifurcation")
         if bif:
             out["prompts that leave their category"] = str(bif.get("n_left_category"))
+        final = (m.get("simulation") or {}).get("final")
+        if isinstance(final, dict):
+            out["final cluster count"] = _fmt(final.get("cluster_count"), "{}")
+            out["final energy"] = _fmt(final.get("energy"), "{:.4g}")
         return out
 
     main = rows_of(metrics)

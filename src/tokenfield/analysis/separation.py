@@ -158,9 +158,11 @@ def separation(
     categories, codes = np.unique(names.astype(str), return_inverse=True)
     n_codes = len(categories)
     rng = np.random.default_rng(seed)
-    shuffled = np.stack([rng.permutation(codes) for _ in range(n_permutations)]) if (
-        n_permutations > 0
-    ) else np.zeros((0, len(codes)), dtype=int)
+    shuffled = (
+        np.stack([rng.permutation(codes) for _ in range(n_permutations)])
+        if (n_permutations > 0)
+        else np.zeros((0, len(codes)), dtype=int)
+    )
     unit = _unit_states(ds)
     n_time = unit.shape[0]
     result: dict[str, np.ndarray] = {}
@@ -206,9 +208,7 @@ def separation(
     return out
 
 
-def centroid_distances(
-    ds: xr.Dataset, labels: str | Sequence[str] = "category"
-) -> xr.DataArray:
+def centroid_distances(ds: xr.Dataset, labels: str | Sequence[str] = "category") -> xr.DataArray:
     """Cosine distance between every pair of category centroids at every time step.
 
     Returns:

@@ -13,7 +13,7 @@ from tokenfield.cli._app import app
 from tokenfield.errors import UserError
 
 # Importing these registers their commands on `app`.
-from tokenfield.cli import analyze_cmd, demo_cmd, models_cmd, report_cmd, simulate_cmd, trace_cmd  # noqa: E402,F401  isort: skip
+from tokenfield.cli import analyze_cmd, demo_cmd, models_cmd, report_cmd, simulate_cmd, steer_cmd, trace_cmd  # noqa: E402,F401  isort: skip
 
 __all__ = ["app", "main"]
 

@@ -54,6 +54,22 @@ def trace_command(
         typer.Option("--random-weights", help="Trace a random-weight copy (the baseline)."),
     ] = False,
     seed: Annotated[int, typer.Option(help="Seed for --random-weights.")] = 0,
+    attention: Annotated[
+        bool,
+        typer.Option(
+            "--attention",
+            help="Also reduce every block's attention to Markov-chain statistics (entropy, "
+            "sink mass, |lambda_2|, stationary distribution); runs with eager attention.",
+        ),
+    ] = False,
+    logit_lens: Annotated[
+        bool,
+        typer.Option(
+            "--logit-lens",
+            help="Also read each last-token state through the final norm and the "
+            "unembedding at every layer (top tokens, rank of the final prediction).",
+        ),
+    ] = False,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a run made with another config.")
     ] = False,
@@ -62,6 +78,8 @@ def trace_command(
 
     Stores time 0 = embedding output and time i = raw output of block i for the
     chosen positions, the final-norm output apart, and the top-5 next tokens.
+    With --attention and --logit-lens, also the attention statistics and the
+    logit lens (read them with 'tokenfield lens RUN').
     """
     from rich.console import Console
 
@@ -79,7 +97,12 @@ def trace_command(
     check_writable_dir(out)
     with console.status(f"loading {model}"):
         loaded = load_model(
-            model, device=device, dtype=dtype, random_weights=random_weights, seed=seed
+            model,
+            device=device,
+            dtype=dtype,
+            random_weights=random_weights,
+            seed=seed,
+            attn_implementation="eager" if attention else None,
         )
     ds = trace(
         loaded,
@@ -88,6 +111,8 @@ def trace_command(
         batch_size=batch_size,
         chat=chat,
         truncate=truncate,
+        attention=attention,
+        logit_lens=logit_lens,
         out=out,
         overwrite=overwrite,
         progress=True,

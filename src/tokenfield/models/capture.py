@@ -1,5 +1,8 @@
 """Read the residual stream with forward hooks, keeping only the asked-for positions.
 
+Also here: :func:`logit_lens`, which reads stored last-token states through the
+final norm and the unembedding after the pass (no hooks).
+
 The hooks exist only inside :func:`capture_residual` and are removed on exit, even
 when the forward pass raises. They never change what the model computes (they
 return ``None``), so logits are identical with and without tracing.
@@ -11,11 +14,12 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from tokenfield.models.sites import ModelSites
 
-__all__ = ["Capture", "capture_residual"]
+__all__ = ["Capture", "LensReadout", "capture_residual", "logit_lens"]
 
 
 @dataclass
@@ -34,6 +38,17 @@ class Capture:
     index: torch.Tensor | None = None
     states: list[torch.Tensor | None] = field(default_factory=list)
     final_norm: torch.Tensor | None = None
+    paused: bool = False
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Ignore the hooked modules while they are called for something else
+        (the logit lens calls the final norm)."""
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
 
     def reset(self, n_times: int, index: torch.Tensor) -> None:
         self.index = index
@@ -62,16 +77,21 @@ def capture_residual(sites: ModelSites) -> Iterator[Capture]:
     handles = []
 
     def on_embed(_module, args, kwargs):
+        if capture.paused:
+            return
         hidden = args[0] if args else kwargs["hidden_states"]
         capture.states[0] = capture.take(hidden)
 
     def on_block(time: int):
         def hook(_module, _args, output):
-            capture.states[time] = capture.take(_hidden_of(output))
+            if not capture.paused:
+                capture.states[time] = capture.take(_hidden_of(output))
 
         return hook
 
     def on_norm(_module, _args, output):
+        if capture.paused:
+            return
         capture.final_norm = capture.take(_hidden_of(output))
 
     try:
@@ -84,3 +104,57 @@ def capture_residual(sites: ModelSites) -> Iterator[Capture]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+@dataclass(frozen=True)
+class LensReadout:
+    """The logit lens of some last-token states at every time.
+
+    Attributes:
+        top_ids: ``(time, n, k)`` the ``k`` most likely next tokens at each time.
+        top_probs: ``(time, n, k)`` their probabilities.
+        rank: ``(time, n)`` the rank of ``target`` (1 = top) at each time.
+    """
+
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    rank: np.ndarray
+
+
+def logit_lens(
+    sites: ModelSites,
+    unembed: torch.nn.Module,
+    states: torch.Tensor,
+    target: torch.Tensor,
+    k: int,
+) -> LensReadout:
+    """Read states through the final norm and the unembedding (the logit lens).
+
+    ``logits_t = W_U norm(h_t)`` for every time ``t``; at the last block this is
+    the model's own output (up to a monotone soft cap, which changes no rank).
+
+    Args:
+        sites: the model's sites (for the final norm; none: identity).
+        unembed: the output embedding (``model.get_output_embeddings()``).
+        states: ``(time, n, d)`` raw residual states.
+        target: ``(n,)`` token ids whose rank is reported (the model's final
+            prediction).
+        k: how many top tokens to keep.
+    """
+    param = next(unembed.parameters())
+    times, n, _ = states.shape
+    top_ids = np.zeros((times, n, k), dtype=np.int64)
+    top_probs = np.zeros((times, n, k), dtype=np.float32)
+    rank = np.zeros((times, n), dtype=np.int64)
+    target = target.to(param.device)
+    for time in range(times):
+        hidden = states[time].to(param.device, param.dtype)  # (n, d)
+        if sites.final_norm is not None:
+            hidden = sites.final_norm(hidden)
+        logits = unembed(hidden).float()  # (n, vocab); dropped after this time
+        probs, ids = logits.softmax(-1).topk(k, dim=-1)
+        chosen = logits.gather(1, target[:, None])  # (n, 1)
+        top_ids[time] = ids.cpu().numpy()
+        top_probs[time] = probs.cpu().numpy()
+        rank[time] = (1 + (logits > chosen).sum(-1)).cpu().numpy()
+    return LensReadout(top_ids, top_probs, rank)

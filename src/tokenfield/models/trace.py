@@ -14,10 +14,20 @@ which is every prompt's last real token. Encoders are right-padded.
 
 With ``out``, pieces are streamed to a run directory batch by batch (see
 :mod:`tokenfield.runs`); an interrupted trace resumes where it stopped.
+
+Two optional read-outs cost nothing when off (no hooks, no config keys):
+
+- ``attention=True``: each block's attention weights, reduced per prompt inside
+  the forward pass to Markov-chain statistics (:mod:`tokenfield.models.attention`);
+  the model runs with eager attention for the trace.
+- ``logit_lens=True``: each last-token state at every time read through the
+  final norm and the unembedding: its top tokens and the rank of the model's
+  final prediction (:func:`tokenfield.models.capture.logit_lens`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +39,8 @@ import torch
 import xarray as xr
 
 from tokenfield.errors import UserError
-from tokenfield.models.capture import capture_residual
+from tokenfield.models.attention import AttentionCapture, capture_attention, eager_attention
+from tokenfield.models.capture import capture_residual, logit_lens
 from tokenfield.models.load import LoadedModel
 from tokenfield.models.sites import site_names
 from tokenfield.prompts import Prompt, load_prompts
@@ -136,8 +147,9 @@ def _piece(
     last: torch.Tensor,
     logits: torch.Tensor | None,
     top_k: int,
+    extras: dict[str, Any] | None = None,
 ) -> xr.Dataset:
-    """Assemble one batch's particles into a Dataset piece."""
+    """Assemble one batch's particles into a Dataset piece (``extras``: more variables)."""
     rows, cols = keep.nonzero(as_tuple=True)  # row-major, as the hooks flattened them
     n = int(rows.numel())
     width = keep.shape[1]
@@ -181,7 +193,57 @@ def _piece(
                 values[particle] = top_prob[row].cpu().numpy()
         data_vars["next_token_top"] = (("particle", "k"), names)
         data_vars["next_token_prob"] = (("particle", "k"), values)
+    for name, (dims, values) in (extras or {}).items():
+        data_vars[name] = (dims, values)
+        for dim, size in zip(dims, np.shape(values), strict=True):
+            if dim in ("block", "head") and dim not in coords:
+                coords[dim] = np.arange(size)
     return xr.Dataset(data_vars, coords=coords)
+
+
+def _lens_variables(
+    model: LoadedModel,
+    states: list[torch.Tensor],
+    keep: torch.Tensor,
+    last: torch.Tensor,
+    logits: torch.Tensor,
+    k: int,
+) -> dict[str, Any]:
+    """Logit-lens variables: ``lens_top``/``lens_prob`` (time, particle, lens_k),
+    ``lens_rank`` (time, particle; 1 = top, -1 = not a last token) and
+    ``lens_target`` (particle): the model's final prediction."""
+    rows, cols = keep.nonzero(as_tuple=True)
+    flags = last[rows, cols]  # (particles,)
+    chosen = torch.nonzero(flags).flatten()
+    times, n = len(states), int(rows.numel())
+    names = np.full((times, n, k), "", dtype=object)
+    probs = np.full((times, n, k), np.nan, dtype=np.float32)
+    ranks = np.full((times, n), -1, dtype=np.int64)
+    targets = np.full(n, "", dtype=object)
+    if chosen.numel():
+        target = logits.argmax(-1)[rows[chosen]]  # (n_last,)
+        stacked = torch.stack([s[chosen] for s in states])  # (time, n_last, d)
+        readout = logit_lens(model.sites, model.model.get_output_embeddings(), stacked, target, k)
+        words: dict[int, str] = {}
+
+        def word(token: int) -> str:
+            if token not in words:
+                words[token] = model.tokenizer.decode([token])
+            return words[token]
+
+        index = chosen.numpy()
+        for slot, particle in enumerate(index):
+            targets[particle] = word(int(target[slot]))
+            for time in range(times):
+                names[time, particle] = [word(int(t)) for t in readout.top_ids[time, slot]]
+        probs[:, index] = readout.top_probs
+        ranks[:, index] = readout.rank
+    return {
+        "lens_top": (("time", "particle", "lens_k"), names),
+        "lens_prob": (("time", "particle", "lens_k"), probs),
+        "lens_rank": (("time", "particle"), ranks),
+        "lens_target": (("particle",), targets),
+    }
 
 
 def trace(
@@ -193,6 +255,9 @@ def trace(
     chat: bool = False,
     truncate: bool = False,
     top_k: int = 5,
+    attention: bool = False,
+    logit_lens: bool = False,
+    lens_k: int = 5,
     out: str | Path | None = None,
     overwrite: bool = False,
     progress: bool = False,
@@ -208,6 +273,12 @@ def trace(
         truncate: keep the last tokens of a prompt longer than the context,
             instead of raising.
         top_k: how many next-token predictions to keep per prompt (causal models).
+        attention: also reduce every block's attention weights to Markov-chain
+            statistics (runs the model with eager attention; see
+            :mod:`tokenfield.models.attention`).
+        logit_lens: also read every last-token state through the final norm
+            and the unembedding (causal models with an output embedding).
+        lens_k: top tokens kept per time by the logit lens.
         out: stream into this run directory (resumable); ``None`` keeps it in memory.
         overwrite: replace a run at ``out`` made with another config.
         progress: show a progress bar.
@@ -219,11 +290,31 @@ def trace(
         ``prompt_index``, ``prompt``, ``category``, ``label``, ``position``,
         ``token``, ``is_last``; and ``next_token_top``/``next_token_prob``
         (particle, k) for the last token of each prompt (causal models).
+
+        With ``attention``: ``attn_entropy``, ``attn_sink_mass``,
+        ``attn_lambda2``, ``attn_lambda2_nosink``, ``attn_raw_lambda2``
+        (particle, block, head), set on each prompt's last-token particle and
+        NaN elsewhere (the particle dim lets them stream with the run), and the
+        per-token ``attn_stationary``, ``attn_stationary_nosink`` (particle,
+        block, head). ``block`` i is the attention of block i (between ``time``
+        i and i + 1).
+
+        With ``logit_lens``: ``lens_top``/``lens_prob`` (time, particle,
+        lens_k), ``lens_rank`` (time, particle; 1 = the final prediction is the
+        top token, -1 = not a last token) and ``lens_target`` (particle).
     """
     if positions not in ("last", "all"):
         raise UserError(f"unknown positions '{positions}'", "use 'last' or 'all'")
     if batch_size < 1:
         raise UserError(f"batch size must be at least 1, got {batch_size}", "pass --batch-size 8")
+    if logit_lens:
+        if not model.causal or model.model.get_output_embeddings() is None:
+            raise UserError(
+                f"model '{model.name}' has no unembedding, so it has no logit lens",
+                "drop --logit-lens for this model",
+            )
+        if lens_k < 1:
+            raise UserError(f"lens_k must be at least 1, got {lens_k}", "pass e.g. lens_k=5")
     prompt_list = load_prompts(prompts)
     encoded = encode_prompts(model, prompt_list, chat=chat, truncate=truncate)
     config = {
@@ -234,6 +325,14 @@ def trace(
         "top_k": top_k if model.causal else 0,
         "prompts": [p.to_json() for p in prompt_list],
     }
+    # Added only when on, so runs traced without them keep their config (and resume).
+    if attention:
+        config["attention"] = {
+            "attn_implementation": "eager",
+            "chain": "symmetrised (A + A^T), sink kept and sink dropped",
+        }
+    if logit_lens:
+        config["logit_lens"] = {"k": lens_k}
     writer = None
     if out is not None:
         writer = RunWriter(out, "trace", config, append_dim="particle", overwrite=overwrite)
@@ -243,16 +342,35 @@ def trace(
     particles = int(writer.info.progress.get("size", 0)) if writer else 0
     pieces: list[xr.Dataset] = []
     bar = _progress(progress, f"tracing {model.name}", len(encoded), start)
-    with bar, capture_residual(model.sites) as capture, torch.inference_mode():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(bar)
+        capture = stack.enter_context(capture_residual(model.sites))
+        reducer: AttentionCapture | None = None
+        if attention:
+            stack.enter_context(eager_attention(model.model))
+            reducer = stack.enter_context(capture_attention(model.sites, causal=model.causal))
+        stack.enter_context(torch.inference_mode())
         for first in range(start, len(encoded), batch_size):
             batch = encoded[first : first + batch_size]
             padded = _pad_batch(batch, model, positions)
             capture.reset(model.n_layers + 1, padded["keep"])
+            if reducer is not None:
+                reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
             logits = _forward(model, padded["inputs"])
             states = [s for s in capture.states if s is not None]
             if len(states) != model.n_layers + 1:
                 raise RuntimeError("a block did not run; the site registry is wrong for this model")
             final = capture.final_norm if capture.final_norm is not None else states[-1]
+            extras: dict[str, Any] = {}
+            if reducer is not None:
+                extras.update(reducer.variables(padded["keep"], padded["last"]))
+            if logit_lens and logits is not None:
+                with capture.pause():
+                    extras.update(
+                        _lens_variables(
+                            model, states, padded["keep"], padded["last"], logits, lens_k
+                        )
+                    )
             piece = _piece(
                 model,
                 batch,
@@ -264,6 +382,7 @@ def trace(
                 padded["last"],
                 logits,
                 config["top_k"],
+                extras,
             )
             particles += piece.sizes["particle"]
             if writer:

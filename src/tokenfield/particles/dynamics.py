@@ -54,10 +54,19 @@ CONFIG_INLINE_LIMIT = 4096
 
 
 def _as_tensor(name: str, value: Any) -> torch.Tensor:
-    try:
-        tensor = torch.as_tensor(np.asarray(value, dtype=np.float64))
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"{name} is not a numeric array ({exc})", f"pass {name} as numbers") from None
+    """A floating tensor: tensors keep their dtype and device, anything else
+    becomes float64 on the CPU."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if not tensor.is_floating_point():
+            tensor = tensor.to(torch.float64)
+    else:
+        try:
+            tensor = torch.as_tensor(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError) as exc:
+            raise UserError(
+                f"{name} is not a numeric array ({exc})", f"pass {name} as numbers"
+            ) from None
     if not torch.isfinite(tensor).all():
         raise UserError(f"{name} has non-finite entries", f"pass a finite {name}")
     return tensor
@@ -208,8 +217,9 @@ class Dynamics:
         state: ``"sphere"``, ``"free"`` or ``"prenorm"``.
         time: ``"paper"`` or ``"rescaled"``.
         layer_time: how long each layer's parameters act (per-layer parameters).
-        chunk_size: queries per block in the USA log-sum-exp (memory knob only;
-            ``None`` picks one that fits 64 MiB).
+        chunk_size: queries per block where a block loop is used (the USA
+            log-sum-exp fallback, CUDA float64); a memory knob only. ``None``
+            picks blocks of 2 MiB (CPU) or 1 GiB (CUDA).
     """
 
     beta: float = 1.0
@@ -243,7 +253,9 @@ class Dynamics:
             raise UserError(f"layer_time must be > 0, not {self.layer_time}")
         object.__setattr__(self, "layer_time", layer_time)
         if self.mlp is not None and not isinstance(self.mlp, Mlp):
-            raise UserError("mlp must be a tokenfield.particles.Mlp", "build it with Mlp(w_in, w_out)")
+            raise UserError(
+                "mlp must be a tokenfield.particles.Mlp", "build it with Mlp(w_in, w_out)"
+            )
         if self.chunk_size is not None and int(self.chunk_size) < 1:
             raise UserError(f"chunk_size must be >= 1, not {self.chunk_size}")
         matrices = {}
@@ -253,10 +265,14 @@ class Dynamics:
         given = [m for m in matrices.values() if m is not None]
         dims = {int(m.shape[-1]) for m in given} | ({self.mlp.dim} if self.mlp else set())
         if len(dims) > 1:
-            raise UserError(f"query, key, value and mlp disagree on the dimension d: {sorted(dims)}")
+            raise UserError(
+                f"query, key, value and mlp disagree on the dimension d: {sorted(dims)}"
+            )
         heads = {int(m.shape[1]) for m in given} - {1}
         if len(heads) > 1:
-            raise UserError(f"query, key and value disagree on the number of heads: {sorted(heads)}")
+            raise UserError(
+                f"query, key and value disagree on the number of heads: {sorted(heads)}"
+            )
         layers = {int(m.shape[0]) for m in given} | ({self.mlp.layers} if self.mlp else set())
         if len(layers - {1}) > 1:
             raise UserError(f"parameters disagree on the number of layers: {sorted(layers)}")
@@ -324,7 +340,9 @@ class Dynamics:
         if x.shape[-2] < 1:
             raise UserError("there must be at least one particle (n >= 1)", "pass --n 1 or more")
         if x.shape[-1] < 2:
-            raise UserError(f"the dimension must be d >= 2, not {x.shape[-1]}", "pass --dim 2 or more")
+            raise UserError(
+                f"the dimension must be d >= 2, not {x.shape[-1]}", "pass --dim 2 or more"
+            )
         if self.dim is not None and x.shape[-1] != self.dim:
             raise UserError(
                 f"states have d = {x.shape[-1]} but the parameters are {self.dim} x {self.dim}",
@@ -461,7 +479,8 @@ def random_matrices(
         out = qmat * torch.sign(torch.diagonal(rmat, dim1=-2, dim2=-1)).unsqueeze(-2)
     else:
         raise UserError(
-            f"unknown matrix ensemble {ensemble!r}", "use gaussian, orthogonal, symmetric or identity"
+            f"unknown matrix ensemble {ensemble!r}",
+            "use gaussian, orthogonal, symmetric or identity",
         )
     out = out * scale
     return out if layers is not None else out[0]

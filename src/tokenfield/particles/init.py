@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -130,7 +129,9 @@ def caps(
 def add_noise(x: torch.Tensor, noise: float, *, seed: int = 0) -> torch.Tensor:
     """``normalize(x + noise * N(0, I))`` (seeded; independent of the init's stream)."""
     if not math.isfinite(noise) or noise < 0:
-        raise UserError(f"noise must be a finite number >= 0, not {noise}", "pass --noise 0 or more")
+        raise UserError(
+            f"noise must be a finite number >= 0, not {noise}", "pass --noise 0 or more"
+        )
     if noise == 0:
         return x
     gen = torch.Generator().manual_seed(int(seed) + 0x5EED)
@@ -148,7 +149,8 @@ def parse_run_spec(spec: str) -> tuple[Path, int]:
             layer = int(text)
         except ValueError:
             raise UserError(
-                f"'{text}' in '{spec}' is not a layer index", "write run:PATH@LAYER, e.g. run:runs/x@3"
+                f"'{text}' in '{spec}' is not a layer index",
+                "write run:PATH@LAYER, e.g. run:runs/x@3",
             ) from None
     if not body:
         raise UserError(f"'{spec}' names no run", "write run:PATH or run:PATH@LAYER")
@@ -283,8 +285,3 @@ def initial_condition(
             )
     x = add_noise(x, noise, seed=seed)
     return x.to(dtype=dtype, device=device)
-
-
-def describe_init(spec: str, **options: Any) -> dict[str, Any]:
-    """JSON data for the run config."""
-    return {"init": spec, **options}

@@ -1,0 +1,61 @@
+"""Measurements on any trajectory (a traced run or a simulated one): data in, data out.
+
+- :mod:`~tokenfield.analysis.projection`: the PCA frame, saved and reused; PC1 as time.
+- :mod:`~tokenfield.analysis.kinematics`: step lengths, turning, the seed's velocity.
+- :mod:`~tokenfield.analysis.separation`: category separation with a permutation
+  null, bifurcation layers, centroid distances.
+- :mod:`~tokenfield.analysis.run_analysis`: all of it on one run; ``analyze_run``
+  writes ``metrics.json`` and the figures.
+
+Nothing here imports a plotting library (``analyze_run`` reaches for
+:mod:`tokenfield.viz` lazily, only to draw).
+"""
+
+from __future__ import annotations
+
+from tokenfield.analysis.kinematics import kinematics, vector_angle
+from tokenfield.analysis.projection import (
+    PROJECTION_NPZ,
+    DepthOrdering,
+    Projection,
+    depth_ordering,
+    fit_projection,
+    load_projection,
+    project,
+)
+from tokenfield.analysis.run_analysis import (
+    RunAnalysis,
+    analyze,
+    analyze_run,
+    display_labels,
+    select_particles,
+    summary_rows,
+)
+from tokenfield.analysis.separation import (
+    bifurcation,
+    centroid_distances,
+    separation,
+    silhouette_batch,
+)
+
+__all__ = [
+    "PROJECTION_NPZ",
+    "DepthOrdering",
+    "Projection",
+    "RunAnalysis",
+    "analyze",
+    "analyze_run",
+    "bifurcation",
+    "centroid_distances",
+    "depth_ordering",
+    "display_labels",
+    "fit_projection",
+    "kinematics",
+    "load_projection",
+    "project",
+    "select_particles",
+    "separation",
+    "silhouette_batch",
+    "summary_rows",
+    "vector_angle",
+]

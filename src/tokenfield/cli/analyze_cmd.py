@@ -1,0 +1,91 @@
+"""``tokenfield analyze``: measure a run and draw its figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tokenfield.cli._app import app
+
+
+@app.command(
+    "analyze",
+    epilog=(
+        "Example: tokenfield analyze runs/spectrum --baseline runs/spectrum-random\n\n"
+        "Writes RUN/metrics.json, RUN/projection.npz (the PCA frame, reusable for "
+        "later runs) and RUN/figures/."
+    ),
+)
+def analyze_command(
+    run: Annotated[Path, typer.Argument(help="Run directory (from trace or simulate).")],
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            "--baseline",
+            "-b",
+            help="A baseline run (e.g. traced with --random-weights), analysed side by side.",
+        ),
+    ] = None,
+    sphere: Annotated[
+        bool, typer.Option("--sphere", help="PCA of the states normalised to the unit sphere.")
+    ] = False,
+    per_layer: Annotated[
+        bool, typer.Option("--per-layer", help="Also fit one PCA per layer.")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the permutation null.")] = 0,
+    permutations: Annotated[
+        int, typer.Option("--permutations", help="Shuffled labelings for the null.")
+    ] = 200,
+    particles: Annotated[
+        str,
+        typer.Option(help="'last': each prompt's last token (as the seed); 'all': every token."),
+    ] = "last",
+    figures: Annotated[
+        bool, typer.Option("--figures/--no-figures", help="Draw the figures.")
+    ] = True,
+) -> None:
+    """Measure a run: PCA paths, depth ordering, speed, separation, bifurcations.
+
+    Works on traced and simulated runs; category measures need a traced run
+    with categories. Prints a short summary and writes metrics.json and figures/.
+    """
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenfield.analysis.run_analysis import analyze_run, summary_rows
+    from tokenfield.runs import read_run_info
+
+    read_run_info(run)  # a missing or damaged run fails here, before any work
+    if baseline is not None:
+        read_run_info(baseline)
+    console = Console()
+    started = time.perf_counter()
+    with console.status(f"analysing {run}"):
+        metrics = analyze_run(
+            run,
+            baseline=baseline,
+            sphere=sphere,
+            per_layer=per_layer,
+            seed=seed,
+            n_permutations=permutations,
+            particles=particles,
+            figures=figures,
+        )
+    table = Table(title=f"{run}  ({metrics['info']['kind']})")
+    table.add_column("measure")
+    table.add_column("run", justify="right")
+    rows = summary_rows(metrics)
+    has_baseline = bool(metrics.get("baseline"))
+    if has_baseline:
+        table.add_column("baseline", justify="right")
+    for name, value, base in rows:
+        table.add_row(name, value, *([base or ""] if has_baseline else []))
+    console.print(table)
+    console.print(
+        f"wrote {run / 'metrics.json'} and {len(metrics.get('figures', []))} figure files "
+        f"in {time.perf_counter() - started:.1f} s"
+    )

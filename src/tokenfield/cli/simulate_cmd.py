@@ -1,0 +1,206 @@
+"""``tokenfield simulate``: integrate the self-attention particle system into a run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tokenfield.cli._app import app
+from tokenfield.errors import UserError
+
+DTYPES = ("float64", "float32")
+ENSEMBLES = ("identity", "gaussian", "orthogonal", "symmetric")
+
+
+def _torch_device(device: str):
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(
+            f"--device {device} asked for, but CUDA is not available", "use --device cpu"
+        )
+    if device != "cpu" and not device.startswith("cuda"):
+        raise UserError(f"unknown --device '{device}'", "use cpu, cuda or cuda:N")
+    return torch.device(device)
+
+
+@app.command(
+    "simulate",
+    epilog=(
+        "Example: tokenfield simulate --dynamics usa --dim 2 --n 64 --beta 9 --t-max 30 "
+        "--dt 0.05 --integrator rk4 --init uniform --seed 1 --save-every 10 --out runs/circle\n\n"
+        "Read it back with xarray.open_zarr('runs/circle/trajectory.zarr'), or run "
+        "'tokenfield analyze runs/circle' for the energy, cluster count and figures. "
+        "An interrupted simulation resumes when the same command is run again."
+    ),
+)
+def simulate_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
+    dynamics: Annotated[
+        str,
+        typer.Option(
+            help="sa: softmax attention (weights / Z_i); usa: unnormalised (weights / n)."
+        ),
+    ] = "sa",
+    dim: Annotated[
+        int | None,
+        typer.Option(
+            "--dim", "-d", help="Dimension d (particles on S^{d-1}). Default 3, or the run's."
+        ),
+    ] = None,
+    n: Annotated[
+        int | None,
+        typer.Option("--n", "-n", help="Number of particles. Default 32, or the prompt's."),
+    ] = None,
+    beta: Annotated[float, typer.Option(help="Inverse temperature beta.")] = 1.0,
+    t_max: Annotated[float, typer.Option("--t-max", help="Final time T.")] = 10.0,
+    dt: Annotated[
+        float, typer.Option(help="Step (Euler: one residual layer); adaptive: first step tried.")
+    ] = 0.1,
+    integrator: Annotated[str, typer.Option(help="euler, rk4 or adaptive.")] = "euler",
+    init: Annotated[
+        str,
+        typer.Option(
+            help="uniform, equispaced, orthogonal (needs d >= n), caps, or run:PATH or run:PATH@LAYER "
+            "(a traced run's normalised tokens at that layer, default 0)."
+        ),
+    ] = "uniform",
+    noise: Annotated[
+        float, typer.Option(help="Gaussian noise added to the start, then renormalised.")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed for the start and the random matrices.")] = 0,
+    save_every: Annotated[int, typer.Option("--save-every", help="Keep every K-th step.")] = 1,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a run made with another config.")
+    ] = False,
+    dtype: Annotated[str, typer.Option(help="float64 or float32.")] = "float64",
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    causal: Annotated[
+        bool, typer.Option("--causal", help="Token i attends to j <= i only.")
+    ] = False,
+    time: Annotated[
+        str, typer.Option(help="paper, or rescaled: USA weights exp(beta(<x,y> - 1)) / n.")
+    ] = "paper",
+    state: Annotated[
+        str,
+        typer.Option(help="sphere (post-norm), prenorm (attention reads x/|x|) or free (R^d)."),
+    ] = "sphere",
+    matrices: Annotated[
+        str,
+        typer.Option(
+            help="Q, K, V: identity, or random gaussian, orthogonal or symmetric (seeded)."
+        ),
+    ] = "identity",
+    heads: Annotated[
+        int, typer.Option(help="Attention heads (averaged); with random --matrices.")
+    ] = 1,
+    caps: Annotated[int, typer.Option(help="Number of caps for --init caps.")] = 2,
+    cap_radius: Annotated[float, typer.Option("--cap-radius", help="Cap radius (radians).")] = 0.2,
+    prompt_index: Annotated[
+        int, typer.Option("--prompt-index", help="Which prompt of a run: init.")
+    ] = 0,
+    batch: Annotated[
+        int | None, typer.Option(help="Simulate this many independent systems at once.")
+    ] = None,
+    rtol: Annotated[float, typer.Option(help="Adaptive: relative tolerance.")] = 1e-6,
+    atol: Annotated[float, typer.Option(help="Adaptive: absolute tolerance.")] = 1e-9,
+) -> None:
+    """Simulate self-attention as interacting particles on the sphere.
+
+    dx_i/dt = P_{x_i}^perp( sum_j exp(beta <Q x_i, K x_j>) V x_j / Z_i ), with
+    Z_i the softmax normaliser (sa) or n (usa). States are saved as a run:
+    states (time, particle, feature), time = ODE time.
+    """
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from tokenfield.particles import Adaptive, Dynamics, SaveAt, random_matrices, simulate
+    from tokenfield.particles.init import initial_condition
+    from tokenfield.particles.integrate import get_solver
+
+    if dtype not in DTYPES:
+        raise UserError(f"unknown --dtype '{dtype}'", "use float64 or float32")
+    if matrices not in ENSEMBLES:
+        raise UserError(f"unknown --matrices '{matrices}'", f"use one of {', '.join(ENSEMBLES)}")
+    if heads < 1:
+        raise UserError(f"--heads must be >= 1, not {heads}")
+    for label, value in (("--beta", beta), ("--t-max", t_max), ("--dt", dt), ("--noise", noise)):
+        if not math.isfinite(value):
+            raise UserError(f"{label} must be finite, not {value}")
+    if dt <= 0:
+        raise UserError(f"--dt must be > 0, not {dt}", "pass a positive step")
+    if t_max <= 0:
+        raise UserError(f"--t-max must be > 0, not {t_max}", "pass a positive final time")
+    torch_device = _torch_device(device)
+    torch_dtype = getattr(torch, dtype)
+    solver = Adaptive(rtol=rtol, atol=atol) if integrator == "adaptive" else get_solver(integrator)
+    from_run = init.startswith("run:")
+    x0 = initial_condition(
+        init,
+        n if (n is not None or from_run) else 32,
+        dim if (dim is not None or from_run) else 3,
+        seed=seed,
+        noise=noise,
+        batch=batch,
+        caps_count=caps,
+        cap_radius=cap_radius,
+        prompt_index=prompt_index,
+    )
+    d = int(x0.shape[-1])
+    query = key = value = None
+    if matrices != "identity" or heads > 1:
+        query, key, value = (
+            random_matrices(d, heads=heads, ensemble=matrices, seed=seed + 1000 * (i + 1))
+            for i in range(3)
+        )
+    model = Dynamics(
+        beta=beta,
+        normalization=dynamics,
+        query=query,
+        key=key,
+        value=value,
+        causal=causal,
+        state=state,
+        time=time,
+    )
+    extra = {
+        "init": {
+            "spec": init,
+            "noise": noise,
+            "seed": seed,
+            "caps": caps if init == "caps" else None,
+            "cap_radius": cap_radius if init == "caps" else None,
+            "prompt_index": prompt_index if from_run else None,
+        },
+        "matrices": {"ensemble": matrices, "heads": heads, "seed": seed},
+    }
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("simulate"),
+        BarColumn(),
+        TextColumn("t = {task.completed:.3g} / {task.total:.3g}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("simulate", total=t_max)
+        ds = simulate(
+            model,
+            x0,
+            t_max=t_max,
+            dt=dt,
+            solver=solver,
+            saveat=SaveAt(every=save_every),
+            dtype=torch_dtype,
+            device=torch_device,
+            out=out,
+            overwrite=overwrite,
+            extra_config=extra,
+            progress=lambda t: bar.update(task, completed=t),
+        )
+    console.print(
+        f"wrote {ds.sizes['time']} states of {ds.sizes['particle']} particles in d = {d} to {out}"
+    )

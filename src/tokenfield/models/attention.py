@@ -1,0 +1,233 @@
+"""Attention weights as Markov chains, reduced inside the forward pass.
+
+With ``trace(..., attention=True)`` a forward hook sits on every block's
+self-attention module. Under eager attention that module returns
+``(attn_output, attn_weights)`` with weights ``(batch, heads, seq, seq)``; the
+hook cuts each prompt's real ``n x n`` block out of the padded batch, reduces it
+with :func:`tokenfield.analysis.markov.summarize_attention` (row entropy, sink
+mass, ``|lambda_2|`` of the symmetrised chain with and without the sink, the
+stationary distribution) and lets the matrix go. What is kept per prompt and
+layer is ``O(heads * n)``, never ``O(heads * n^2)``: the only ``n x n`` tensors
+alive are the one layer's weights the model itself computes (eager attention
+materialises them anyway) and one head's float64 copy while it is reduced.
+
+The default SDPA kernel returns no weights, so :func:`eager_attention` switches
+the model to eager attention for the duration of the trace and restores it
+after. Hooks return ``None``: they never change what the model computes.
+
+:func:`attention_matrices` returns the full matrices of one prompt, for when
+they are really wanted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tokenfield.analysis.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
+from tokenfield.errors import UserError
+from tokenfield.models.sites import ModelSites
+
+__all__ = [
+    "ATTENTION_PATHS",
+    "AttentionCapture",
+    "attention_matrices",
+    "attention_modules",
+    "capture_attention",
+    "eager_attention",
+]
+
+# Where a block's self-attention module lives, per family in models/sites.py.
+ATTENTION_PATHS: dict[str, str] = {
+    "llama": "self_attn",
+    "gpt2": "attn",
+    "gpt_neox": "attention",
+    "bert": "attention.self",
+}
+
+# Variable names in a traced run (dims: particle, block, head).
+VARIABLES = {name: f"attn_{name}" for name in (*PER_HEAD, *PER_TOKEN)}
+
+
+def attention_modules(sites: ModelSites) -> tuple[nn.Module, ...]:
+    """The self-attention module of every block (the registry above).
+
+    Raises:
+        UserError: the family has no entry, or a block lacks the module.
+    """
+    path = ATTENTION_PATHS.get(sites.family.name)
+    if path is None:
+        raise UserError(
+            f"attention tracing does not know the '{sites.family.name}' family",
+            "add it to ATTENTION_PATHS in tokenfield/models/attention.py",
+        )
+    modules = []
+    for index, block in enumerate(sites.blocks):
+        try:
+            modules.append(block.get_submodule(path))
+        except AttributeError:
+            raise UserError(
+                f"block {index} has no attention module at '{path}'",
+                "fix ATTENTION_PATHS in tokenfield/models/attention.py for this model",
+            ) from None
+    return tuple(modules)
+
+
+@contextlib.contextmanager
+def eager_attention(model: nn.Module) -> Iterator[str]:
+    """Run ``model`` with eager attention inside the block; restore it on exit.
+
+    Yields the implementation that was set before (``"eager"`` if nothing changed).
+    """
+    config = model.config
+    before = getattr(config, "_attn_implementation", None) or "eager"
+    if before == "eager":
+        yield before
+        return
+    try:
+        model.set_attn_implementation("eager")
+    except (AttributeError, ValueError) as exc:
+        raise UserError(
+            f"cannot switch this model to eager attention ({exc})",
+            "load it with attn_implementation='eager'",
+        ) from None
+    try:
+        yield before
+    finally:
+        model.set_attn_implementation(before)
+
+
+@dataclass
+class AttentionCapture:
+    """Per-prompt attention summaries of the current batch.
+
+    Call :meth:`reset` with the batch's attention mask before each forward pass.
+    After it, ``summaries[block][row]`` is the :class:`AttentionSummary` of batch
+    row ``row`` in block ``block``.
+    """
+
+    causal: bool
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    summaries: list[list[AttentionSummary | None]] = field(default_factory=list)
+    heads: int = 0
+
+    def reset(self, n_blocks: int, attention_mask: torch.Tensor) -> None:
+        spans = []
+        for row in attention_mask.bool():
+            real = torch.nonzero(row).flatten()
+            spans.append((int(real[0]), int(real.numel())))  # contiguous: (offset, n)
+        self.spans = spans
+        self.summaries = [[None] * len(spans) for _ in range(n_blocks)]
+
+    def reduce(self, block: int, weights: torch.Tensor) -> None:
+        """Reduce ``weights`` ``(batch, heads, seq, seq)`` of one block, prompt by prompt."""
+        self.heads = int(weights.shape[1])
+        for row, (offset, n) in enumerate(self.spans):
+            cut = weights[row, :, offset : offset + n, offset : offset + n]  # (heads, n, n) view
+            matrix = cut.detach().to("cpu").float().numpy()
+            self.summaries[block][row] = summarize_attention(matrix, causal=self.causal)
+
+    def variables(self, keep: torch.Tensor, last: torch.Tensor) -> dict[str, Any]:
+        """Dataset variables for the kept particles of this batch.
+
+        Per-head statistics sit on each prompt's last-token particle (NaN on the
+        others); the stationary distributions are per token.
+
+        Args:
+            keep: ``(batch, seq)`` kept positions (row-major = particle order).
+            last: ``(batch, seq)`` last real token of each row.
+        """
+        rows, cols = keep.nonzero(as_tuple=True)
+        n_blocks = len(self.summaries)
+        shape = (int(rows.numel()), n_blocks, self.heads)
+        out = {name: np.full(shape, np.nan, dtype=np.float32) for name in VARIABLES.values()}
+        for particle, (row, col) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
+            offset, _ = self.spans[row]
+            for block in range(n_blocks):
+                summary = self.summaries[block][row]
+                if summary is None:
+                    raise RuntimeError(f"attention of block {block} was not captured")
+                for name in PER_TOKEN:
+                    out[VARIABLES[name]][particle, block] = getattr(summary, name)[:, col - offset]
+                if bool(last[row, col]):
+                    for name in PER_HEAD:
+                        out[VARIABLES[name]][particle, block] = getattr(summary, name)
+        dims = ("particle", "block", "head")
+        return {name: (dims, values) for name, values in out.items()}
+
+
+def _weights_of(output: Any) -> torch.Tensor | None:
+    if isinstance(output, (tuple, list)) and len(output) > 1 and isinstance(output[1], torch.Tensor):
+        return output[1]
+    return None
+
+
+@contextlib.contextmanager
+def capture_attention(sites: ModelSites, *, causal: bool) -> Iterator[AttentionCapture]:
+    """Hook every block's attention; reduce its weights as they are produced."""
+    capture = AttentionCapture(causal=causal)
+    handles = []
+
+    def on_attention(block: int):
+        def hook(_module, _args, output):
+            weights = _weights_of(output)
+            if weights is None:
+                raise UserError(
+                    "the attention module returned no weights (SDPA or flash attention)",
+                    "trace with attention=True, which switches the model to eager attention",
+                )
+            capture.reduce(block, weights)
+
+        return hook
+
+    try:
+        for block, module in enumerate(attention_modules(sites)):
+            handles.append(module.register_forward_hook(on_attention(block)))
+        yield capture
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def attention_matrices(model: Any, prompt: str | Sequence[int]) -> np.ndarray:
+    """The full attention matrices of one prompt: ``(blocks, heads, n, n)`` float32.
+
+    This keeps ``O(blocks * heads * n^2)`` numbers; use it for one prompt you
+    want to look at, not for tracing a prompt set.
+
+    Args:
+        model: a :class:`tokenfield.models.load.LoadedModel`.
+        prompt: text (tokenized like :func:`tokenfield.trace` does) or token ids.
+    """
+    ids = model.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise UserError("the prompt encodes to no tokens", "give it some text")
+    found: list[np.ndarray | None] = [None] * model.n_layers
+
+    def on_attention(block: int):
+        def hook(_module, _args, output):
+            weights = _weights_of(output)
+            if weights is None:
+                raise UserError("the attention module returned no weights")
+            found[block] = weights[0].detach().to("cpu").float().numpy().copy()
+
+        return hook
+
+    handles = []
+    with eager_attention(model.model), torch.inference_mode():
+        try:
+            for block, module in enumerate(attention_modules(model.sites)):
+                handles.append(module.register_forward_hook(on_attention(block)))
+            inputs = torch.tensor([ids], device=model.device)
+            extra = {"use_cache": False} if model.causal else {}
+            model.model(input_ids=inputs, attention_mask=torch.ones_like(inputs), **extra)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return np.stack(found)  # type: ignore[arg-type]

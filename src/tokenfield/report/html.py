@@ -1,0 +1,337 @@
+"""``write_report``: one self-contained HTML file for one or more runs.
+
+The file works offline: plotly.js is inlined once in the page head, figures are
+embedded as base64 data URIs, and nothing is fetched from the network. Per run
+it shows the summary table (side by side with the baseline, if the analysis
+had one), the interactive PCA trajectories (hover for the prompt, a layer
+slider, categories toggled from the legend), the static figures and the
+metrics tables.
+
+A run analysed with ``tokenfield analyze`` contributes its ``metrics.json``,
+``projection.npz`` and ``figures/``; a run that was not analysed is analysed
+in memory (its directory is left untouched).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as _dt
+import html
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenfield.analysis.projection import PROJECTION_NPZ, fit_projection, load_projection, project
+from tokenfield.analysis.run_analysis import analyze, select_particles, summary_rows
+from tokenfield.errors import UserError
+from tokenfield.runs import FIGURES, METRICS_JSON, check_writable_dir, open_run, read_run_info
+
+FIGURE_ORDER = (
+    "trajectories",
+    "thought_evolution",
+    "pcs_vs_layer",
+    "speed",
+    "separation",
+    "centroid_distances",
+    "trajectories_per_layer",
+    "trajectories_baseline",
+)
+CAPTIONS = {
+    "trajectories": "Paths in the PCA plane (circle: first time step, square: last).",
+    "thought_evolution": "The paths growing one time step per frame.",
+    "pcs_vs_layer": "PC1 and PC2 against depth.",
+    "speed": "Step length relative to the current norm, angular step, turning angle.",
+    "separation": "Category separation against depth; shaded: the shuffled-label null band.",
+    "centroid_distances": "Cosine distances between category centroids at chosen layers.",
+    "trajectories_per_layer": "Each layer in its own PCA plane.",
+    "trajectories_baseline": "The baseline run in its own PCA plane.",
+}
+NOTES = """
+<p class="note"><b>How to read the numbers.</b> Distances are cosine distances.
+<i>Spearman(PC1, layer)</i>: rank correlation of PC1 with the layer index (1: PC1 is depth).
+<i>Silhouette</i> (cosine) and <i>between/within</i> (mean distance between categories over mean
+distance within) come with a permutation null: the same score with the category labels
+shuffled (its 2.5&ndash;97.5% band and p-value). <i>Split layer</i>: the first layer from which a
+prompt stays clearly closer (by the margin) to its own category's centroid (leave-one-out)
+than to any other category's. <i>Bifurcation layer</i>: the first layer from which a prompt
+stays clearly closer to another category's centroid than to its own; <i>joined</i> names it.</p>
+"""
+STYLE = """
+body { font-family: system-ui, -apple-system, Segoe UI, Roboto, sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #222; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; }
+table { border-collapse: collapse; margin: .5em 0 1.5em; font-size: .85em; }
+th, td { border: 1px solid #ddd; padding: .25em .5em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: .85em; color: #555; } .note { font-size: .85em; color: #444; }
+nav a { margin-right: 1em; } .scroll { max-height: 28em; overflow: auto; }
+"""
+
+
+def write_report(
+    run_paths: Sequence[str | Path] | str | Path,
+    out: str | Path,
+    *,
+    title: str = "tokenfield report",
+) -> Path:
+    """Write one self-contained, offline HTML report for the given runs.
+
+    Args:
+        run_paths: one or more run directories.
+        out: the HTML file to write (its directory is created).
+        title: the page title.
+
+    Returns:
+        The path written.
+    """
+    if isinstance(run_paths, (str, Path)):
+        run_paths = [run_paths]
+    paths = [Path(p) for p in run_paths]
+    if not paths:
+        raise UserError("no runs given", "pass one or more run directories")
+    out = Path(out)
+    if out.is_dir():
+        raise UserError(f"--out '{out}' is a directory", "give a file name such as report.html")
+    check_writable_dir(out.parent)
+    for path in paths:
+        read_run_info(path)  # a clear error before any work
+    from plotly.offline import get_plotlyjs
+
+    sections = [_run_section(path, i) for i, path in enumerate(paths)]
+    nav = "".join(
+        f'<a href="#run-{i}">{html.escape(path.name or str(path))}</a>'
+        for i, path in enumerate(paths)
+    )
+    now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    page = (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<style>{STYLE}</style>"
+        f'<script type="text/javascript">{get_plotlyjs()}</script>'
+        "</head><body>"
+        f"<h1>{html.escape(title)}</h1><p>Generated {now} for {len(paths)} run(s).</p>"
+        f"<nav>{nav}</nav>{NOTES}{''.join(sections)}</body></html>\n"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(page)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a report is for sharing
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return out
+
+
+def _run_section(path: Path, index: int) -> str:
+    from tokenfield.report.interactive import trajectory_figure
+
+    ds = open_run(path)
+    metrics_file = path / METRICS_JSON
+    images: dict[str, tuple[str, bytes]] = {}
+    if metrics_file.is_file():
+        metrics = json.loads(metrics_file.read_text())
+        options = metrics.get("options", {})
+        selected = select_particles(ds, options.get("particles", "last")).load()
+        if (path / PROJECTION_NPZ).is_file():
+            frame = load_projection(path)
+        else:
+            frame = fit_projection(selected, sphere=bool(options.get("sphere", False)))
+        pcs = project(selected, frame)
+        images = _read_images(path / FIGURES)
+    else:
+        result = analyze(ds)
+        metrics = result.to_metrics()
+        frame, pcs = result.frame, result.pcs
+        from tokenfield.viz import write_figures
+
+        with tempfile.TemporaryDirectory() as tmp:
+            write_figures(result, tmp, animation=False)
+            images = _read_images(Path(tmp))
+    info = metrics.get("info", {})
+    kind = info.get("kind", "trace")
+    time_name = "layer" if kind == "trace" else "time"
+    name = path.name or str(path)
+    figure = trajectory_figure(
+        pcs,
+        explained=list(frame.explained_variance_ratio[:2]) if not frame.per_layer else None,
+        time_name=time_name,
+        title=f"{name}: trajectories in the {'unit-sphere ' if frame.sphere else ''}PCA plane",
+    )
+    plot = figure.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=f"trajectories-{index}",
+        auto_play=False,
+        config={"displaylogo": False, "responsive": True},
+    )
+    model = info.get("model") or ""
+    heading = f"{html.escape(name)} <small>({html.escape(kind)}{', ' + html.escape(str(model)) if model else ''})</small>"
+    parts = [f'<section id="run-{index}"><h2>{heading}</h2>']
+    parts.append(f"<p class='note'>{html.escape(str(path))}</p>")
+    parts.append("<h3>Summary</h3>" + _summary_table(metrics))
+    parts.append("<h3>Trajectories (interactive)</h3>" + plot)
+    if images:
+        parts.append("<h3>Figures</h3>" + _figures(images))
+    parts.append(_separation_table(metrics))
+    parts.append(_centroid_tables(metrics, time_name))
+    parts.append(_particle_table(metrics, time_name))
+    parts.append(_simulation_table(metrics))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _read_images(directory: Path) -> dict[str, tuple[str, bytes]]:
+    if not directory.is_dir():
+        return {}
+    found = {}
+    for file in sorted(directory.iterdir()):
+        if file.suffix in (".png", ".gif") and not file.name.startswith("."):
+            found[file.stem] = (
+                "image/png" if file.suffix == ".png" else "image/gif",
+                file.read_bytes(),
+            )
+    order = {name: i for i, name in enumerate(FIGURE_ORDER)}
+    return dict(sorted(found.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
+
+
+def _figures(images: dict[str, tuple[str, bytes]]) -> str:
+    out = []
+    for name, (mime, content) in images.items():
+        data = base64.b64encode(content).decode("ascii")
+        caption = CAPTIONS.get(name, name.replace("_", " "))
+        out.append(
+            f'<figure><img alt="{html.escape(name)}" src="data:{mime};base64,{data}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
+    return "".join(out)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "<td class='num'>&ndash;</td>"
+    if isinstance(value, bool):
+        return f"<td>{value}</td>"
+    if isinstance(value, int):
+        return f"<td class='num'>{value}</td>"
+    if isinstance(value, float):
+        text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.3e}"
+        return f"<td class='num'>{text}</td>"
+    return f"<td>{html.escape(str(value))}</td>"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], scroll: bool = False) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class='scroll'>{table}</div>" if scroll else table
+
+
+def _summary_table(metrics: dict[str, Any]) -> str:
+    rows = summary_rows(metrics)
+    if metrics.get("baseline"):
+        return _table(["measure", "run", "baseline"], rows)
+    return _table(["measure", "value"], [row[:2] for row in rows])
+
+
+def _separation_table(metrics: dict[str, Any]) -> str:
+    sep = metrics.get("separation")
+    if not sep:
+        return ""
+    base = (metrics.get("baseline") or {}).get("separation")
+    headers = [
+        "time",
+        "silhouette",
+        "null mean",
+        "null 2.5%",
+        "null 97.5%",
+        "p",
+        "between/within",
+        "ratio null 97.5%",
+    ]
+    if base:
+        headers += ["baseline silhouette", "baseline null 97.5%"]
+    rows = []
+    for i, t in enumerate(sep["time"]):
+        row = [
+            t,
+            sep["silhouette"][i],
+            sep["silhouette_null_mean"][i],
+            sep["silhouette_null_low"][i],
+            sep["silhouette_null_high"][i],
+            sep["silhouette_p"][i],
+            sep["ratio"][i],
+            sep["ratio_null_high"][i],
+        ]
+        if base:
+            same = i < len(base["silhouette"])
+            row += [
+                base["silhouette"][i] if same else None,
+                base["silhouette_null_high"][i] if same else None,
+            ]
+        rows.append(row)
+    permutations = sep.get("n_permutations")
+    return (
+        f"<h3>Separation by layer</h3><p class='note'>{permutations} label permutations, "
+        f"seed {sep.get('seed')}.</p>" + _table(headers, rows, scroll=True)
+    )
+
+
+def _centroid_tables(metrics: dict[str, Any], time_name: str) -> str:
+    cent = metrics.get("centroid_distances")
+    if not cent:
+        return ""
+    names = cent["categories"]
+    parts = ["<h3>Distances between category centroids</h3>"]
+    for layer, matrix in cent["by_time"].items():
+        rows = [[name, *values] for name, values in zip(names, matrix, strict=False)]
+        parts.append(f"<p><b>{time_name} {html.escape(layer)}</b></p>" + _table(["", *names], rows))
+    return "".join(parts)
+
+
+def _particle_table(metrics: dict[str, Any], time_name: str) -> str:
+    rows = metrics.get("particles") or []
+    if not rows:
+        return ""
+    columns = [
+        ("label", "label"),
+        ("category", "category"),
+        ("prompt", "prompt"),
+        ("token", "last token"),
+        ("spearman_pc1_time", f"Spearman(PC1, {time_name})"),
+        ("fastest_relative_step", f"fastest {time_name} (relative)"),
+        ("fastest_step", f"fastest {time_name} (absolute)"),
+        ("split_layer", "split layer"),
+        ("bifurcation_layer", "bifurcation layer"),
+        ("joined", "joined"),
+    ]
+    present = [(key, title) for key, title in columns if any(key in row for row in rows)]
+    table = _table(
+        [title for _, title in present],
+        [[row.get(key) for key, _ in present] for row in rows],
+        scroll=True,
+    )
+    return f"<h3>Per prompt</h3>{table}"
+
+
+def _simulation_table(metrics: dict[str, Any]) -> str:
+    sim = metrics.get("simulation")
+    if not isinstance(sim, dict):
+        return ""
+    rows = [
+        [key, value if not isinstance(value, dict) else json.dumps(value)]
+        for key, value in sim.items()
+        if not isinstance(value, list)
+    ]
+    return "<h3>Simulation</h3>" + _table(["measure", "value"], rows) if rows else ""

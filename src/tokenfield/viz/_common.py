@@ -1,0 +1,85 @@
+"""Shared plotting helpers: headless figures, category colours, saving.
+
+Figures are built with :class:`matplotlib.figure.Figure` on an Agg canvas, never
+through ``pyplot``: no global state, no GUI backend, safe in a server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMATS = ("png", "svg")
+DPI = 100
+
+
+def new_figure(figsize: tuple[float, float], ncols: int = 1, nrows: int = 1, **kwargs: Any):
+    """A figure on an Agg canvas and its axes (an array when more than one)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=True, **kwargs)
+    return fig, axes
+
+
+def figure_for(ax: Any, figsize: tuple[float, float]):
+    """``(fig, ax)``: the given axes' figure, or a new one."""
+    if ax is not None:
+        return ax.figure, ax
+    return new_figure(figsize)
+
+
+def category_colors(categories: Sequence[str]) -> dict[str, Any]:
+    """One colour per category (tab10, then tab20), stable for a sorted set."""
+    from matplotlib import colormaps
+
+    names = sorted(set(categories))
+    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def particle_colors(pcs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """A colour per particle: by category when there is one, else along a colormap.
+
+    Returns the colours and the legend mapping (empty without categories).
+    """
+    from matplotlib import colormaps
+
+    n = pcs.sizes["particle"]
+    if "category" in pcs.coords:
+        names = [str(c) for c in pcs["category"].values]
+        legend = category_colors(names)
+        return [legend[c] for c in names], legend
+    cmap = colormaps["viridis"]
+    return [cmap(i / max(n - 1, 1)) for i in range(n)], {}
+
+
+def time_label(kind: str) -> str:
+    return "layer" if kind == "trace" else "time"
+
+
+def save_figure(fig: Any, out_dir: str | Path, name: str, formats: Sequence[str] = FORMATS):
+    """Save ``fig`` as ``out_dir/name.<fmt>`` for each format; returns the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = out_dir / f"{name}.{fmt}"
+        fig.savefig(path, format=fmt, dpi=DPI)
+        paths.append(path)
+    return paths
+
+
+def finite_limits(values: np.ndarray, pad: float = 0.05) -> tuple[float, float]:
+    """Axis limits covering the finite values with a margin."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return (-1.0, 1.0)
+    low, high = float(finite.min()), float(finite.max())
+    span = high - low or max(abs(high), 1.0)
+    return low - pad * span, high + pad * span

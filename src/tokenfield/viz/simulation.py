@@ -1,0 +1,198 @@
+"""Figures of a simulated run: cluster count and energy against time, the
+particles on the circle / sphere / first two principal components, and an
+animated GIF.
+
+Computation lives in :mod:`tokenfield.analysis.simulation`; these functions
+only draw what it returns (and the run's states). matplotlib is imported
+inside the functions, on the Agg canvas, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from tokenfield.viz._common import FORMATS, figure_for, new_figure, save_figure
+
+# At most this many particles are drawn (a fixed, evenly spaced subset).
+MAX_DRAWN = 4000
+
+
+def plot_cluster_count(analysis: dict[str, Any], ax: Any = None):
+    """Cluster count against time, metastable plateaus shaded."""
+    fig, ax = figure_for(ax, (6, 3))
+    ax.step(analysis["time"], analysis["cluster_count"], where="post", color="C0")
+    for plateau in analysis.get("metastable", []):
+        ax.axvspan(plateau["start"], plateau["end"], color="C0", alpha=0.08, lw=0)
+    ax.set_xlabel("time")
+    ax.set_ylabel(f"clusters (eps={analysis['eps']:g})")
+    ax.set_ylim(bottom=0)
+    return fig
+
+
+def plot_energy(analysis: dict[str, Any], ax: Any = None):
+    """The energy against time."""
+    fig, ax = figure_for(ax, (6, 3))
+    energies = np.array([np.nan if e is None else e for e in analysis["energy"]], dtype=float)
+    ax.plot(analysis["time"], energies, color="C3")
+    ax.set_xlabel("time")
+    ax.set_ylabel(f"energy ({analysis['energy_normalization']}, beta={analysis['beta']:g})")
+    return fig
+
+
+def plot_cluster_energy(analysis: dict[str, Any]):
+    """Cluster count (top) and energy (bottom) against time, one figure."""
+    fig, axes = new_figure((6.5, 5), nrows=2, sharex=True)
+    plot_cluster_count(analysis, axes[0])
+    plot_energy(analysis, axes[1])
+    axes[0].set_xlabel("")
+    return fig
+
+
+def _states(ds: xr.Dataset | xr.DataArray, system: int = 0) -> xr.DataArray:
+    states = ds["states"] if isinstance(ds, xr.Dataset) else ds
+    if "system" in states.dims:
+        states = states.isel(system=system)
+    n = states.sizes["particle"]
+    if n > MAX_DRAWN:
+        states = states.isel(particle=np.linspace(0, n - 1, MAX_DRAWN).astype(int))
+    return states.transpose("time", "particle", "feature")
+
+
+def _frame(states: xr.DataArray, index: int) -> np.ndarray:
+    x = np.asarray(states.isel(time=index).values, dtype=float)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+def _pca_basis(states: xr.DataArray) -> np.ndarray:
+    """``(2, d)``: the first two principal directions of every drawn state."""
+    picks = np.unique(np.linspace(0, states.sizes["time"] - 1, 20).astype(int))
+    sample = np.concatenate([_frame(states, int(i)) for i in picks])
+    sample = sample - sample.mean(axis=0)
+    _, _, vt = np.linalg.svd(sample, full_matrices=False)
+    return vt[:2]
+
+
+def _colors(x: np.ndarray, eps: float) -> np.ndarray:
+    from tokenfield.analysis.clusters import clusters
+
+    return clusters(x, eps).labels % 10
+
+
+def _draw(ax: Any, x: np.ndarray, dim: int, basis: np.ndarray | None, eps: float) -> None:
+    color = [f"C{c}" for c in _colors(x, eps)]
+    if dim == 2:
+        theta = np.linspace(0, 2 * np.pi, 200)
+        ax.plot(np.cos(theta), np.sin(theta), color="0.8", lw=0.8)
+        ax.scatter(x[:, 0], x[:, 1], s=12, c=color)
+        ax.set_aspect("equal")
+        ax.set_xlim(-1.1, 1.1)
+        ax.set_ylim(-1.1, 1.1)
+    elif dim == 3:
+        u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 25), np.linspace(0, np.pi, 13))
+        sphere = (np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v))
+        ax.plot_wireframe(*sphere, color="0.85", linewidth=0.4)
+        ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=10, c=color, depthshade=False)
+        for setter in (ax.set_xlim, ax.set_ylim, ax.set_zlim):
+            setter(-1, 1)
+    else:
+        pcs = x @ basis.T
+        ax.scatter(pcs[:, 0], pcs[:, 1], s=12, c=color)
+        ax.set_xlabel("PC1")
+        ax.set_ylabel("PC2")
+
+
+def plot_particles(
+    ds: xr.Dataset | xr.DataArray,
+    time_index: int = -1,
+    *,
+    ax: Any = None,
+    eps: float | None = None,
+    system: int = 0,
+):
+    """The particles at one saved time, coloured by cluster: on the circle
+    (``d = 2``), on the sphere (``d = 3``, 3D scatter) or in the first two
+    principal components of the run otherwise."""
+    from tokenfield.analysis.clusters import DEFAULT_EPS
+
+    states = _states(ds, system)
+    dim = states.sizes["feature"]
+    if ax is None:
+        fig, ax = new_figure((5, 5), subplot_kw={"projection": "3d"} if dim == 3 else None)
+    fig = ax.figure
+    basis = _pca_basis(states) if dim > 3 else None
+    _draw(ax, _frame(states, time_index), dim, basis, eps or DEFAULT_EPS)
+    t = float(states["time"].values[time_index])
+    ax.set_title(f"t = {t:.3g}")
+    return fig
+
+
+def animate_particles(
+    ds: xr.Dataset | xr.DataArray,
+    path: str | Path,
+    *,
+    fps: int = 10,
+    max_frames: int = 60,
+    eps: float | None = None,
+    system: int = 0,
+) -> Path:
+    """Write an animated GIF of the particles (at most ``max_frames`` frames)."""
+    from matplotlib.animation import FuncAnimation, PillowWriter
+
+    from tokenfield.analysis.clusters import DEFAULT_EPS
+
+    states = _states(ds, system)
+    dim = states.sizes["feature"]
+    picks = np.unique(np.linspace(0, states.sizes["time"] - 1, max_frames).astype(int))
+    fig, ax = new_figure((4, 4), subplot_kw={"projection": "3d"} if dim == 3 else None)
+    fig.set_layout_engine("none")
+    basis = _pca_basis(states) if dim > 3 else None
+    frames = [_frame(states, int(i)) for i in picks]
+    times = states["time"].values[picks]
+    limits = None
+    if basis is not None:
+        pcs = np.concatenate([f @ basis.T for f in frames])
+        limits = (pcs.min(axis=0) - 0.05, pcs.max(axis=0) + 0.05)
+
+    def update(k: int):
+        ax.clear()
+        _draw(ax, frames[k], dim, basis, eps or DEFAULT_EPS)
+        if limits is not None:
+            ax.set_xlim(limits[0][0], limits[1][0])
+            ax.set_ylim(limits[0][1], limits[1][1])
+        ax.set_title(f"t = {float(times[k]):.3g}")
+        return []
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    animation = FuncAnimation(fig, update, frames=len(frames), blit=False)
+    animation.save(path, writer=PillowWriter(fps=fps), dpi=80)
+    return path
+
+
+def write_simulation_figures(
+    analysis: dict[str, Any],
+    ds: xr.Dataset,
+    out_dir: str | Path,
+    *,
+    formats: tuple[str, ...] = FORMATS,
+    gif: bool = True,
+) -> list[Path]:
+    """Write the simulation figures into ``out_dir``; returns the paths.
+
+    ``simulation_clusters_energy.*``, ``simulation_particles.*`` (the last
+    saved time) and ``simulation_particles.gif``.
+    """
+    out_dir = Path(out_dir)
+    eps = analysis.get("eps")
+    paths = list(
+        save_figure(plot_cluster_energy(analysis), out_dir, "simulation_clusters_energy", formats)
+    )
+    paths += save_figure(plot_particles(ds, -1, eps=eps), out_dir, "simulation_particles", formats)
+    if gif:
+        paths.append(animate_particles(ds, out_dir / "simulation_particles.gif", eps=eps))
+    return paths

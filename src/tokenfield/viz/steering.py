@@ -1,0 +1,108 @@
+"""Figures for steering: accuracy against alpha, and steered paths in the frozen frame."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy(result: dict[str, Any], ax: Any = None) -> Any:
+    """Accuracy (95 % Wilson interval) against alpha, one line per layer, with the
+    random-direction control dashed and the unsteered word and math forms as bands."""
+    plt = _plt()
+    if ax is None:
+        _fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = result["rows"]
+    base = {r["condition"]: r for r in rows if r["layer"] is None}
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for name, style in (("word", "tab:red"), ("math", "tab:blue")):
+        if name in base:
+            r = base[name]
+            ax.axhspan(r["ci95"][0], r["ci95"][1], color=style, alpha=0.12)
+            ax.axhline(r["accuracy"], color=style, lw=1, label=f"{name} form (unsteered)")
+    layers = sorted({r["layer"] for r in rows if r["layer"] is not None})
+    for i, layer in enumerate(layers):
+        for condition, dash in (("steered", "-"), ("control", ":")):
+            pts = sorted(
+                (r["alpha"], r["accuracy"], r["ci95"])
+                for r in rows
+                if r["layer"] == layer and r["condition"] == condition
+            )
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            ys = [p[1] for p in pts]
+            err = [[p[1] - p[2][0] for p in pts], [p[2][1] - p[1] for p in pts]]
+            ax.errorbar(
+                xs, ys, yerr=err, ls=dash, marker="o", ms=4, capsize=2,
+                color=colours[i % len(colours)],
+                label=f"layer {layer} {'toward math' if condition == 'steered' else 'random control'}",
+            )  # fmt: skip
+    ax.set_xlabel("alpha (multiples of the word->math mean difference)")
+    ax.set_ylabel("accuracy on word problems")
+    model = result.get("config", {}).get("model", {}).get("name", "")
+    ax.set_title(f"Steering word problems toward the math region ({model})")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7, loc="best")
+    return ax
+
+
+def plot_steered_paths(loop: dict[str, Any], ax: Any = None) -> Any:
+    """The reference run's last-token paths (grey, target category highlighted) and
+    the steered source prompts for each alpha, in the frozen PCA frame."""
+    import numpy as np
+
+    plt = _plt()
+    if ax is None:
+        _fig, ax = plt.subplots(figsize=(7, 5))
+    ref = np.asarray(loop["reference"]["paths"])  # (time, particle, 2)
+    cats = loop["reference"]["category"]
+    for p, cat in enumerate(cats):
+        colour = "tab:blue" if cat == loop["target"] else "0.8"
+        ax.plot(ref[:, p, 0], ref[:, p, 1], color=colour, lw=0.8, zorder=1)
+    base = np.asarray(loop["unsteered"]["paths"])
+    for p in range(base.shape[1]):
+        ax.plot(base[:, p, 0], base[:, p, 1], color="black", lw=1.2, zorder=2,
+                label="unsteered" if p == 0 else None)  # fmt: skip
+    cmap = plt.get_cmap("autumn")
+    alphas = sorted(loop["paths"]["steer"], key=float)
+    for i, alpha in enumerate(alphas):
+        pts = np.asarray(loop["paths"]["steer"][alpha])
+        colour = cmap(i / max(1, len(alphas) - 1))
+        for p in range(pts.shape[1]):
+            ax.plot(pts[:, p, 0], pts[:, p, 1], color=colour, lw=1.2, zorder=3,
+                    label=f"alpha={float(alpha):g}" if p == 0 else None)  # fmt: skip
+            ax.scatter(pts[-1, p, 0], pts[-1, p, 1], color=colour, s=12, zorder=4)
+    ax.axvline(np.nan)  # keeps autoscale stable when paths are empty
+    evr = loop.get("explained_variance_ratio") or [0, 0]
+    ax.set_xlabel(f"PC1 ({100 * evr[0]:.0f}% var)")
+    ax.set_ylabel(f"PC2 ({100 * evr[1]:.0f}% var)")
+    ax.set_title(
+        f"'{loop['source']}' steered toward '{loop['target']}' at layer {loop['layer']} "
+        "(blue: target prompts)"
+    )
+    ax.legend(fontsize=7)
+    return ax
+
+
+def save(fig_ax: Any, path: Path) -> list[Path]:
+    """Save the axes' figure as PNG and SVG next to each other."""
+    plt = _plt()
+    fig = fig_ax.figure
+    fig.tight_layout()
+    out = []
+    for suffix in (".png", ".svg"):
+        target = path.with_suffix(suffix)
+        fig.savefig(target, dpi=120)
+        out.append(target)
+    plt.close(fig)
+    return out
