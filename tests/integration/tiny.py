@@ -9,7 +9,15 @@ from pathlib import Path
 
 import torch
 
-WORDS = ["the", "a", "of", "to", "and", "is", "in", "that", "it", "was", "for", "on", "are", "as", "with", "his", "they", "at", "be", "this", "from", "I", "have", "or", "by", "one", "had", "not", "but", "what", "all", "were", "when", "we", "there", "can", "an", "your", "which", "their", "said", "if", "do", "will", "each", "about", "how", "up", "out", "them", "then", "she", "many", "some", "so", "these", "would", "other", "into", "has", "more", "her", "two", "like", "him", "see", "time", "could", "no", "make", "than", "first", "been", "its", "who", "now", "people", "my", "made", "over", "did", "down", "only", "way", "find", "use", "may", "water", "long", "little", "very", "after", "words", "called", "just", "where", "most", "know", "capital", "France", "Paris", "+", "=", "*", "1", "2", "3", "4", "5", ".", ",", ":", "(", ")", "def", "print"]
+_WORD_TEXT = (
+    "the a of to and is in that it was for on are as with his they at be this from I have "
+    "or by one had not but what all were when we there can an your which their said if do "
+    "will each about how up out them then she many some so these would other into has more "
+    "her two like him see time could no make than first been its who now people my made over "
+    "did down only way find use may water long little very after words called just where most "
+    "know capital France Paris + = * 1 2 3 4 5 . , : ( ) def print"
+)
+WORDS = tuple(_WORD_TEXT.split())
 
 
 def tiny_tokenizer():

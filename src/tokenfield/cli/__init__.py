@@ -13,7 +13,15 @@ from tokenfield.cli._app import app
 from tokenfield.errors import UserError
 
 # Importing these registers their commands on `app`.
-from tokenfield.cli import analyze_cmd, demo_cmd, models_cmd, report_cmd, simulate_cmd, steer_cmd, trace_cmd  # noqa: E402,F401  isort: skip
+from tokenfield.cli import (  # noqa: E402,F401  isort: skip
+    analyze_cmd,
+    demo_cmd,
+    models_cmd,
+    report_cmd,
+    simulate_cmd,
+    steer_cmd,
+    trace_cmd,
+)
 
 __all__ = ["app", "main"]
 

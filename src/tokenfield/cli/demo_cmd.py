@@ -18,26 +18,52 @@ def demo_command(
         "runs/demo"
     ),
     model: Annotated[str, typer.Option("--model", "-m", help="Model to trace.")] = "smollm2",
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline/--no-baseline",
+            help="Also trace a random-weight copy and analyse it side by side.",
+        ),
+    ] = True,
 ) -> None:
-    """Trace both seed prompt sets through the bundled model (the seed experiment)."""
+    """The seed experiment: trace both seed prompt sets, analyse them, write the report.
+
+    For each set (seed-categories, seed-spectrum) it traces the last token of
+    every prompt through every layer of the model, does the same with a
+    random-weight copy of the architecture (the baseline), measures the
+    trajectories (PCA paths, depth ordering, speed, separation with its null,
+    bifurcations, centroid distances), draws the figures and writes one offline
+    HTML report. Runs already complete are reused, so a second demo is quick.
+    """
     import time
 
     from rich.console import Console
 
+    from tokenfield.analysis.run_analysis import analyze_run
     from tokenfield.models.load import load_model
     from tokenfield.models.trace import trace
+    from tokenfield.report import write_report
 
     console = Console(stderr=True)
     started = time.perf_counter()
     with console.status(f"loading {model}"):
         loaded = load_model(model)
+        random_copy = load_model(model, random_weights=True, seed=0) if baseline else None
+    runs = []
     for name in SEED_SETS:
         run = out / name
         trace(loaded, name, out=run, progress=True)
-        console.print(f"[green]traced[/green] {name} -> {run}")
-    console.print(
-        f"done in {time.perf_counter() - started:.1f} s. Runs: "
-        + ", ".join(str(out / name) for name in SEED_SETS)
-        + '\nRead one with: python -c "import xarray as xr; '
-        f"print(xr.open_zarr('{out / SEED_SETS[0]}/trajectory.zarr'))\""
-    )
+        base_run = None
+        if random_copy is not None:
+            base_run = out / f"{name}-random"
+            trace(random_copy, name, out=base_run, progress=True)
+        with console.status(f"analysing {name}"):
+            analyze_run(run, baseline=base_run)
+        console.print(f"[green]analysed[/green] {name}: {run}/metrics.json, {run}/figures/")
+        runs.append(run)
+    with console.status("writing the report"):
+        report = write_report(
+            runs, out / "report.html", title=f"tokenfield: the seed experiment on {model}"
+        )
+    console.print(f"done in {time.perf_counter() - started:.1f} s")
+    typer.echo(f"report: {report}")

@@ -29,8 +29,8 @@ get ``Z_i``, both exact and ``O(n)`` in memory:
 
 Where no fused kernel exists (float64 on CUDA, whose SDPA falls back to a
 kernel that materialises the weights), :func:`attention_chunked` computes both
-forms a block of queries at a time instead. On CUDA the head dimension is
-zero-padded to a multiple of 8 for the fused kernels (zeros change no score).
+forms a block of queries at a time instead. The head dimension is zero-padded
+to a multiple of 8 for the fused kernels (zeros change no score).
 
 With a causal mask token ``i`` attends to ``j <= i`` only (``Z_i`` sums over
 ``j <= i``; the USA weights are still divided by ``n``, the number of tokens).
@@ -80,11 +80,15 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, causal
     shape = (*q.shape[:-1], v.shape[-1])
     width = v.shape[-1]
     q, k, v = (_as_4d(t) for t in (q, k, v))
-    pad = (-width) % 8 if q.device.type == "cuda" else 0
-    if pad:  # the CUDA fused kernels want head dims in multiples of 8; zeros change nothing
-        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+    # fused kernels want head dims in multiples of 8 (CUDA), and run faster so on
+    # CPU too (measured ~15% at d = 3); zero columns change no score and no value
+    pad_qk, pad_v = (-q.shape[-1]) % 8, (-width) % 8
+    if pad_qk:
+        q, k = F.pad(q, (0, pad_qk)), F.pad(k, (0, pad_qk))
+    if pad_v:
+        v = F.pad(v, (0, pad_v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=float(beta))
-    return (out[..., :width] if pad else out).reshape(shape)
+    return out[..., :width].reshape(shape)
 
 
 def attention_chunked(
@@ -107,9 +111,8 @@ def attention_chunked(
     for start in range(0, n, rows):
         stop = min(n, start + rows)
         stop_key = stop if causal else k.shape[-2]
-        scores = torch.matmul(q[..., start:stop, :], key_t[..., :stop_key]).mul_(
-            beta
-        )  # (..., c, m)
+        scores = torch.matmul(q[..., start:stop, :], key_t[..., :stop_key])  # (..., c, m)
+        scores.mul_(beta)
         if causal:
             i = torch.arange(start, stop, device=q.device).unsqueeze(-1)
             j = torch.arange(stop_key, device=q.device)
@@ -171,24 +174,27 @@ def _usa_phantom(
     log_scale: float,
 ) -> torch.Tensor:
     """USA from one fused call with a phantom key (see the module docstring)."""
-    n, width = q.shape[-2], v.shape[-1]
+    n, e, width = q.shape[-2], q.shape[-1], v.shape[-1]
+    lead = q.shape[:-2]
     self_score = (q * k).sum(-1, keepdim=True)  # (..., n, 1): c_i = <q_i, k_i>
-    zero = torch.zeros_like(self_score)
-    query = torch.cat([q, self_score], -1)  # (..., n, e + 1)
-    key = torch.cat([k, zero], -1)  # (..., n, e + 1)
-    value = torch.cat([v, zero], -1)  # (..., n, e' + 1)
-    phantom_key = torch.zeros_like(key[..., :1, :])
-    phantom_key[..., -1] = 1.0
-    phantom_value = torch.zeros_like(value[..., :1, :])
-    phantom_value[..., -1] = 1.0
-    key = torch.cat([phantom_key, key], -2)  # (..., n + 1, e + 1)
-    value = torch.cat([phantom_value, value], -2)  # (..., n + 1, e' + 1)
-    if causal:  # a dummy first query shifts the causal window to phantom + keys 0..i
-        query = torch.cat([torch.zeros_like(query[..., :1, :]), query], -2)
-    out = _sdpa(query, key, value, beta, causal)
-    if causal:
-        out = out[..., 1:, :]
-    share = out[..., -1:]  # (..., n, 1): o_i = e^{beta c_i} / (Z_i + e^{beta c_i})
+    # one zero-filled buffer each, padded to a multiple of 8 columns (see _sdpa):
+    # row 0 is the phantom key / value (and, causal, a dummy query)
+    cols_qk, cols_v = -(-(e + 1) // 8) * 8, -(-(width + 1) // 8) * 8
+    first = 1 if causal else 0
+    query = q.new_zeros((*lead, n + first, cols_qk))
+    query[..., first:, :e] = q
+    query[..., first:, e : e + 1] = self_score
+    key = q.new_zeros((*lead, n + 1, cols_qk))
+    key[..., 1:, :e] = k
+    key[..., 0, e] = 1.0
+    value = q.new_zeros((*lead, n + 1, cols_v))
+    value[..., 1:, :width] = v
+    value[..., 0, width] = 1.0
+    shape = (*lead, n + first, cols_v)
+    out = F.scaled_dot_product_attention(
+        _as_4d(query), _as_4d(key), _as_4d(value), is_causal=causal, scale=float(beta)
+    ).reshape(shape)[..., first:, :]  # (..., n, cols_v)
+    share = out[..., width : width + 1]  # o_i = e^{beta c_i} / (Z_i + e^{beta c_i})
     scale = torch.exp(beta * self_score + (log_scale - math.log(n))) / share
     return out[..., :width] * scale
 

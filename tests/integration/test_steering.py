@@ -1,0 +1,180 @@
+"""Steering on tiny random-weight models: the hook's guarantees and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tokenfield as tf
+from tests.integration.tiny import PROMPTS, save_tiny, tiny_loaded
+from tokenfield.cli import main
+from tokenfield.steering import SteeringVector, random_control, steering, steering_vector
+
+
+def vector_for(model, layer: int, seed: int = 0) -> SteeringVector:
+    rng = np.random.default_rng(seed)
+    provenance = {"model": model.run_config(), "from": "a", "to": "b"}
+    return SteeringVector(rng.standard_normal(model.d_model), layer, provenance)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_alpha_zero_leaves_logits_exactly_unchanged(kind):
+    model = tiny_loaded(kind)
+    ids = torch.tensor([model.tokenizer(PROMPTS[0])["input_ids"]])
+    with torch.no_grad():
+        plain = model.model(ids).logits
+        for layer in (0, 2, model.n_layers):
+            with steering(model, vector_for(model, layer), alpha=0.0, positions="all"):
+                steered = model.model(ids).logits
+            assert torch.equal(plain, steered)
+        with steering(model, vector_for(model, 2), alpha=1.0, positions="all"):
+            moved = model.model(ids).logits
+    assert not torch.allclose(plain, moved)
+
+
+def test_hook_is_gone_after_the_context_even_on_error():
+    model = tiny_loaded("llama")
+
+    def counts():
+        return sum(len(b._forward_hooks) + len(b._forward_pre_hooks) for b in model.sites.blocks)
+
+    before = counts()
+    with pytest.raises(RuntimeError, match="boom"), steering(model, vector_for(model, 1), 1.0):
+        assert counts() == before + 1
+        raise RuntimeError("boom")
+    assert counts() == before
+    with pytest.raises(RuntimeError), steering(model, vector_for(model, 0), 1.0):
+        raise RuntimeError("again")
+    assert counts() == before
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3", "gpt2"])
+@pytest.mark.parametrize("layer", [0, 1, 2, 3])
+@pytest.mark.parametrize("positions", ["last", "all"])
+def test_vector_changes_states_from_its_layer_on_and_not_before(kind, layer, positions):
+    model = tiny_loaded(kind)
+    plain = tf.trace(model, PROMPTS, positions="all", batch_size=3)
+    vector = vector_for(model, layer)
+    with steering(model, vector, alpha=3.0, positions=positions):
+        steered = tf.trace(model, PROMPTS, positions="all", batch_size=3)
+    diff = np.abs(steered.states.values - plain.states.values).max(axis=(1, 2))  # per time
+    assert np.all(diff[:layer] == 0.0), diff
+    assert np.all(diff[layer:] > 1e-3), diff
+    # at the steering site itself the change is exactly alpha * v where it was added
+    last = plain.is_last.values
+    delta = steered.states.values[layer] - plain.states.values[layer]
+    np.testing.assert_allclose(
+        delta[last], np.tile(3.0 * vector.vector, (last.sum(), 1)), atol=1e-5
+    )
+    if positions == "last":
+        # earlier tokens are untouched at the site (they can change later only via attention)
+        assert np.abs(delta[~last]).max() == 0.0
+
+
+def test_vector_from_a_run_and_round_trip(tmp_path):
+    model = tiny_loaded("llama")
+    prompts = [tf.Prompt(p, "A" if i % 2 else "B") for i, p in enumerate(PROMPTS)]
+    ds = tf.trace(model, prompts)
+    vec = steering_vector(ds, source="A", target="B", layer=2)
+    states = ds.states.values[2]
+    cats = ds.category.values
+    np.testing.assert_allclose(
+        vec.vector, states[cats == "B"].mean(0) - states[cats == "A"].mean(0), rtol=1e-5
+    )
+    pca = steering_vector(ds, source="A", target="B", layer=2, method="pca")
+    assert float(pca.vector @ vec.vector) > 0
+    path = vec.save(tmp_path / "v.safetensors")
+    again = SteeringVector.load(path)
+    np.testing.assert_array_equal(again.vector, vec.vector)
+    assert again.layer == 2 and again.provenance["from"] == "A"
+    control = random_control(vec, seed=1)
+    assert abs(control.norm - vec.norm) < 1e-4 and abs(control.vector @ vec.vector) < vec.norm**2
+    with pytest.raises(tf.UserError, match="unknown category 'C'.*A, B"):
+        steering_vector(ds, source="C", target="B", layer=1)
+    with pytest.raises(tf.UserError, match="layer 9 is out of range.*0 \\(embedding\\) to 3"):
+        steering_vector(ds, source="A", target="B", layer=9)
+
+
+def test_vector_from_another_model_is_refused():
+    llama, gpt2 = tiny_loaded("llama"), tiny_loaded("gpt2")
+    other_weights = tiny_loaded("llama", seed=5)
+    vec = vector_for(llama, 1)
+    with (
+        pytest.raises(tf.UserError, match="made for another model"),
+        steering(other_weights, vec, 1.0),
+    ):
+        pass
+    wrong_size = SteeringVector(np.ones(16), 1, {})
+    message = "16 features but the model's hidden size is 32"
+    with pytest.raises(tf.UserError, match=message), steering(gpt2, wrong_size, 1.0):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("steer")
+    directory = save_tiny("llama", base / "tiny-llama")
+    model = tf.load_model(str(directory))
+    prompts = [tf.Prompt(p, "A" if i % 2 else "B") for i, p in enumerate(PROMPTS)]
+    tf.trace(model, prompts, out=base / "run")
+    return base
+
+
+def cli(args, capsys):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr()
+
+
+def test_steer_cli_end_to_end(tiny_run, tmp_path, capsys):
+    out = tmp_path / "steer"
+    code, captured = cli(
+        ["steer", "--run", str(tiny_run / "run"), "--from", "A", "--to", "B", "--layer", "2",
+         "--alpha", "0,1,4", "--out", str(out), "--max-new-tokens", "3"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, captured.err
+    import json
+
+    result = json.loads((out / "steering.json").read_text())
+    rows = {(r["condition"], r["alpha"]): r for r in result["rows"]}
+    assert rows[("steer", 0.0)]["kl_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[("steer", 0.0)]["progress_final"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[("steer", 1.0)]["progress_at_layer"] > 0.0  # moved toward B at the site
+    assert (out / "vector.safetensors").is_file() and (
+        out / "figures" / "steered_paths.png"
+    ).is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--from", "Z", "--to", "B", "--layer", "1"], "unknown category 'Z'"),
+        (["--from", "A", "--to", "B", "--layer", "7"], "layer 7 is out of range"),
+        (["--from", "A", "--to", "B", "--layer", "1", "--alpha", "x"], "--alpha must be numbers"),
+    ],
+)
+def test_steer_cli_bad_input(tiny_run, tmp_path, capsys, args, message):
+    out = tmp_path / "o"
+    code, captured = cli(
+        ["steer", "--run", str(tiny_run / "run"), *args, "--out", str(out)], capsys
+    )
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and message in lines[0], captured.err
+    assert not out.exists()
+
+
+def test_steer_cli_refuses_a_vector_of_another_model(tiny_run, tmp_path, capsys):
+    other = tiny_loaded("llama", seed=7)
+    vec = SteeringVector(np.ones(32), 1, {"model": other.run_config(), "from": "A", "to": "B"})
+    path = vec.save(tmp_path / "other.safetensors")
+    code, captured = cli(
+        ["steer", "--run", str(tiny_run / "run"), "--from", "A", "--to", "B", "--layer", "1",
+         "--vector", str(path), "--out", str(tmp_path / "o")],
+        capsys,
+    )  # fmt: skip
+    assert code == 2 and "made for another model" in captured.err
