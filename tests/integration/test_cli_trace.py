@@ -142,3 +142,19 @@ def test_help_explains(capsys):
     assert code == 0
     for flag in ("--model", "--prompts", "--positions", "--batch-size", "--chat", "--out"):
         assert flag in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["trace", "--no-such-flag"], "No such option: --no-such-flag; see 'tokenfield trace --help'."),
+        (["trace", "--out", "x", "--batch-size", "abc"], "Invalid value for '--batch-size'"),
+        (["trace"], "Missing option '--out'"),
+        (["no-such-command"], "No such command"),
+    ],
+)
+def test_usage_errors_are_one_line(capsys, args, message):
+    code, _out, err = run_cli(args, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("tokenfield: error:") and message in lines[0]

@@ -29,7 +29,7 @@ __all__ = ["app", "main"]
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, standalone_mode=False, prog_name="tokenfield")
     except UserError as exc:
         print(f"tokenfield: error: {exc.one_line()}", file=sys.stderr)
         sys.exit(2)
@@ -41,13 +41,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
+    except Exception as exc:
+        # Usage errors (unknown option, bad value) from click or typer's vendored copy
+        # of it: both have show() and exit_code. Anything else is a bug: re-raise.
+        message = getattr(exc, "format_message", None)
+        if callable(message) and isinstance(getattr(exc, "exit_code", None), int):
+            ctx = getattr(exc, "ctx", None)
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                print(ctx.get_help(), file=sys.stderr)  # bare `tokenfield`: show the help
+                sys.exit(2)
+            where = ctx.command_path if ctx is not None else "tokenfield"
+            text = " ".join(str(message()).split()).rstrip(".")
+            print(f"tokenfield: error: {text}; see '{where} --help'.", file=sys.stderr)
+            sys.exit(exc.exit_code or 2)
+        if type(exc).__name__ == "Abort":
             print("tokenfield: aborted.", file=sys.stderr)
             sys.exit(130)
         raise
