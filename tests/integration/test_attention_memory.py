@@ -54,10 +54,13 @@ def test_hook_and_dataset_hold_bytes_linear_in_tokens():
     held, stored = {}, {}
     for tokens in (150, 300):
         ids = torch.tensor([model.tokenizer(long_text(tokens))["input_ids"]])
-        with torch.no_grad(), eager_attention(model.model):
-            with capture_attention(model.sites, causal=True) as capture:
-                capture.reset(layers, torch.ones_like(ids))
-                model.model(ids, use_cache=False)
+        with (
+            torch.no_grad(),
+            eager_attention(model.model),
+            capture_attention(model.sites, causal=True) as capture,
+        ):
+            capture.reset(layers, torch.ones_like(ids))
+            model.model(ids, use_cache=False)
         held[tokens] = held_bytes(capture)
         ds = tf.trace(model, [long_text(tokens)], positions="all", attention=True)
         stored[tokens] = sum(ds[name].nbytes for name in ds.data_vars if name.startswith("attn_"))

@@ -104,7 +104,9 @@ def test_logit_lens_matches_the_model_at_the_last_layer(tiny):
     assert (ds.lens_rank.values[:, ~last] == -1).all()
     assert (ds.lens_top.values[-1, last, 0] == ds.next_token_top.values[last, 0]).all()
     assert (ds.lens_target.values[last] == ds.next_token_top.values[last, 0]).all()
-    np.testing.assert_allclose(ds.lens_prob.values[-1, last], ds.next_token_prob.values[last, :3], rtol=1e-5)
+    np.testing.assert_allclose(
+        ds.lens_prob.values[-1, last], ds.next_token_prob.values[last, :3], rtol=1e-5
+    )
     # an intermediate layer, by hand
     unembed = tiny.model.get_output_embeddings()
     time = 1
@@ -122,7 +124,12 @@ def test_run_on_disk_round_trips(tiny, tmp_path):
     if not tiny.causal:
         pytest.skip("the lens needs an unembedding")
     ds = tf.trace(
-        tiny, PROMPTS, positions="all", batch_size=2, attention=True, logit_lens=True,
+        tiny,
+        PROMPTS,
+        positions="all",
+        batch_size=2,
+        attention=True,
+        logit_lens=True,
         out=tmp_path / "run",
     )
     memory = tf.trace(tiny, PROMPTS, positions="all", batch_size=2, attention=True, logit_lens=True)
@@ -147,8 +154,17 @@ def test_cli_trace_with_attention_and_lens(tmp_path, capsys):
     prompts.write_text("the capital of France is\n1 + 2 =\n")
     main(
         [
-            "trace", "--model", str(directory), "--prompts", str(prompts),
-            "--out", str(tmp_path / "r"), "--positions", "all", "--attention", "--logit-lens",
+            "trace",
+            "--model",
+            str(directory),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "r"),
+            "--positions",
+            "all",
+            "--attention",
+            "--logit-lens",
         ]
     )
     ds = xr.open_zarr(tmp_path / "r" / "trajectory.zarr")

@@ -178,3 +178,48 @@ def test_steer_cli_refuses_a_vector_of_another_model(tiny_run, tmp_path, capsys)
         capsys,
     )  # fmt: skip
     assert code == 2 and "made for another model" in captured.err
+
+
+def test_prefill_states_equal_a_trace_under_steering():
+    """The evaluation reads steered states from the generation's prefill pass."""
+    from tokenfield.steering.generate import greedy_continuations
+
+    model = tiny_loaded("llama")
+    vec = vector_for(model, 2)
+    recorded = [[] for _ in range(model.n_layers + 1)]
+    with steering(model, vec, 2.0):
+        texts = greedy_continuations(
+            model, PROMPTS, max_new_tokens=3, batch_size=4, states=recorded
+        )
+        traced = tf.trace(model, PROMPTS, batch_size=4)
+    got = np.stack([torch.cat(parts).numpy() for parts in recorded])
+    np.testing.assert_allclose(got, traced.states.values, rtol=1e-5, atol=1e-6)
+    assert len(texts) == len(PROMPTS)
+
+
+def test_eval_steering_cli_on_a_tiny_model(tiny_run, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "eval"
+    code, captured = cli(
+        ["eval-steering", "--model", str(tiny_run / "tiny-llama"), "--n", "6", "--fit", "4",
+         "--shots", "1", "--layers", "1,2", "--alphas", "0,1", "--max-new-tokens", "2",
+         "--out", str(out)],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, captured.err
+    result = json.loads((out / "eval.json").read_text())
+    rows = result["rows"]
+    assert [r["condition"] for r in rows[:2]] == ["word", "math"]
+    assert len(rows) == 2 + 2 * 2 * 2  # word, math + (steered, control) x layers x alphas
+    for r in rows:
+        assert 0.0 <= r["ci95"][0] <= r["accuracy"] <= r["ci95"][1] <= 1.0
+    zero = [r for r in rows if r.get("alpha") == 0.0]
+    assert all(abs(r["progress_final"]) < 1e-6 for r in zero)  # alpha 0 moves nothing
+    steered = [r for r in rows if r["condition"] == "steered" and r["alpha"] == 1.0]
+    assert all(r["progress_at_layer"] > 0 for r in steered)  # toward the math centroid
+    assert (out / "figures" / "accuracy_vs_alpha.png").is_file()
+    code, captured = cli(["eval-steering", "--model", str(tiny_run / "tiny-llama"),
+                          "--layers", "9", "--out", str(tmp_path / "bad")], capsys)  # fmt: skip
+    assert code == 2 and "layer 9 is out of range" in captured.err
+    assert not (tmp_path / "bad").exists()

@@ -13,7 +13,9 @@ from tokenfield.particles.init import uniform
 BETA_RTOL = 0.05  # the tolerance
 
 
-def simulated(beta: float, *, causal: bool, n: int = 24, d: int = 6, dt: float = 0.05, steps: int = 8):
+def simulated(
+    beta: float, *, causal: bool, n: int = 24, d: int = 6, dt: float = 0.05, steps: int = 8
+):
     dynamics = tf.Dynamics(beta=beta, causal=causal)
     x0 = uniform(n, d, seed=3)
     return tf.simulate(dynamics, x0, t_max=steps * dt, dt=dt, solver="euler")

@@ -94,8 +94,8 @@ class TokenClouds:
             "eps": self.eps,
             "time": self.time.tolist(),
             "groups": self.groups.tolist(),
-            "mean": {name: self.mean(name).tolist() for name in CLOUD_MEASURES},
-            "per_group": {name: self.values[name].T.tolist() for name in CLOUD_MEASURES},
+            "mean": {name: self.mean(name).tolist() for name in self.values},
+            "per_group": {name: self.values[name].T.tolist() for name in self.values},
         }
 
 
@@ -104,6 +104,7 @@ def token_clouds(
     groups: Sequence[int] | np.ndarray | None = None,
     *,
     eps: float = DEFAULT_EPS,
+    more_eps: Sequence[float] = (),
 ) -> TokenClouds:
     """Cloud measures of every group at every time.
 
@@ -114,6 +115,9 @@ def token_clouds(
         groups: ``(n,)`` group of each particle (default: ``prompt_index`` when
             there is one, else one group).
         eps: cluster threshold (see :mod:`tokenfield.analysis.clusters`).
+        more_eps: further thresholds; each adds ``cluster_count@{eps}`` (real
+            tokens rarely come within ``eps = 0.01`` of each other, so coarser
+            thresholds say more about them).
     """
     time = None
     if isinstance(states, xr.Dataset):
@@ -129,7 +133,8 @@ def token_clouds(
     time = np.arange(x.shape[0]) if time is None else np.asarray(time)
     labels = np.zeros(x.shape[1], dtype=np.int64) if groups is None else np.asarray(groups)
     ids = np.unique(labels)
-    values = {name: np.full((x.shape[0], ids.size), np.nan) for name in CLOUD_MEASURES}
+    names = [*CLOUD_MEASURES, *(f"cluster_count@{e:g}" for e in more_eps)]
+    values = {name: np.full((x.shape[0], ids.size), np.nan) for name in names}
     masses: list[list[np.ndarray]] = [[] for _ in range(x.shape[0])]
     for column, group in enumerate(ids):
         members = np.flatnonzero(labels == group)
@@ -137,5 +142,7 @@ def token_clouds(
             found = cloud_measures(x[t, members], eps)
             for name in CLOUD_MEASURES:
                 values[name][t, column] = found[name]
+            for e in more_eps:
+                values[f"cluster_count@{e:g}"][t, column] = clusters(x[t, members], e).count
             masses[t].append(found["masses"])
     return TokenClouds(time, ids, values, masses, float(eps))

@@ -26,12 +26,24 @@ against every attention field (tokens pushed apart) gets ``h = 0``, ``R^2 = 0``.
 Everything is computed in the ``n x n`` Gram space of each prompt
 (``<u_i, f_i>`` and ``|f_i|^2`` from ``G = Y Y^T``, ``C = U Y^T`` and ``W``), so a
 fit costs nothing in the model dimension ``d``.
+
+**The layer's own attention** (``heads``). Instead of ``Q = K = V = I`` the field
+can use the layer's own heads, with the logits and values precomputed per prompt
+by :func:`tokenfield.models.attention.head_inputs`:
+
+    f_i(beta) = P_{y_i}^perp ( sum_h sum_j softmax_j(beta G^h_ij) z^h_j ),
+
+``G^h_ij = <q^h_i, k^h_j> / sqrt(d_h)`` and ``z^h_j = O_h v^h_j`` computed from the
+layer's input norm and projections without the rotary position code, so
+``beta = 1`` is the model's own attention with positions ignored. The same fit
+then says how much of the update the layer's attention (as a mean-field
+interaction between exchangeable tokens) explains.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,44 +63,67 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.where(norms > 0, norms, 1.0)
 
 
-def _weights(gram: np.ndarray, beta: float, causal: bool) -> np.ndarray:
-    logits = beta * gram
+def _softmax_heads(logits: np.ndarray, beta: float, causal: bool) -> np.ndarray:
+    """``(H, n, n)`` row softmax of ``beta * logits`` (causal: ``j <= i``)."""
+    scaled = beta * logits
     if causal:
-        logits = np.where(np.tril(np.ones_like(gram, dtype=bool)), logits, -np.inf)
-    logits = logits - logits.max(axis=1, keepdims=True)
-    w = np.exp(logits)
-    return w / w.sum(axis=1, keepdims=True)
+        scaled = np.where(np.tril(np.ones(logits.shape[-2:], dtype=bool)), scaled, -np.inf)
+    scaled = scaled - scaled.max(axis=-1, keepdims=True)
+    w = np.exp(scaled)
+    return w / w.sum(axis=-1, keepdims=True)
 
 
 def attention_field(y: np.ndarray, beta: float, *, causal: bool = False) -> np.ndarray:
     """``f_i(beta)`` of the module docstring for unit vectors ``y`` ``(n, d)``: ``(n, d)``."""
     y = np.asarray(y, dtype=np.float64)
-    a = _weights(y @ y.T, beta, causal) @ y  # (n, d)
+    a = _softmax_heads((y @ y.T)[None], beta, causal)[0] @ y  # (n, d)
     return a - (a * y).sum(axis=1, keepdims=True) * y
 
 
 @dataclass(frozen=True)
 class _Prompt:
-    gram: np.ndarray  # (n, n) <y_i, y_j>
-    cross: np.ndarray  # (n, n) <u_i, y_j>
+    """Gram-space data of one prompt; ``H = 1`` and ``z = y`` for Q = K = V = I."""
+
+    logits: np.ndarray  # (H, n, n) G^h_ij
+    u_z: np.ndarray  # (H, n, n) <u_i, z^h_j>
+    y_z: np.ndarray  # (H, n, n) <y_i, z^h_j>
+    z_z: np.ndarray  # (H, H, n, n) <z^h_j, z^g_k>
     u_norm2: np.ndarray  # (n,) |u_i|^2
 
 
-def _prepare(before: np.ndarray, after: np.ndarray) -> _Prompt:
+def _prepare(
+    before: np.ndarray, after: np.ndarray, heads: tuple[np.ndarray, np.ndarray] | None = None
+) -> _Prompt:
     y = _unit(np.asarray(before, dtype=np.float64))
     y_next = _unit(np.asarray(after, dtype=np.float64))
     u = y_next - (y_next * y).sum(axis=1, keepdims=True) * y  # (n, d) tangent update
-    return _Prompt(y @ y.T, u @ y.T, (u * u).sum(axis=1))
+    if heads is None:
+        logits, z = (y @ y.T)[None], y[None]  # (1, n, n), (1, n, d)
+    else:
+        logits, z = (np.asarray(a, dtype=np.float64) for a in heads)
+        if logits.ndim != 3 or z.shape[:2] != logits.shape[:2] or z.shape[2] != y.shape[1]:
+            raise UserError(f"head inputs have shapes {logits.shape} and {z.shape}")
+    return _Prompt(
+        logits,
+        np.einsum("id,hjd->hij", u, z),
+        np.einsum("id,hjd->hij", y, z),
+        np.einsum("hjd,gkd->hgjk", z, z),
+        (u * u).sum(axis=1),
+    )
 
 
 def _terms(prompt: _Prompt, beta: float, causal: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per token ``<u_i, f_i>`` and ``|f_i|^2`` (``u_i`` is tangent, so ``<u_i, y_i> = 0``)."""
-    w = _weights(prompt.gram, beta, causal)
-    uf = (w * prompt.cross).sum(axis=1)
-    wg = w @ prompt.gram  # (n, n)
-    along = np.diagonal(wg)  # <a_i, y_i>
-    ff = (wg * w).sum(axis=1) - along**2  # |a_i|^2 - <a_i, y_i>^2
-    return uf, np.clip(ff, 0.0, None)
+    """Per token ``<u_i, f_i>`` and ``|f_i|^2`` (``u_i`` is tangent, so ``<u_i, y_i> = 0``).
+
+    With ``a_i = sum_h sum_j w^h_ij z^h_j``: ``<u_i, f_i> = <u_i, a_i>`` and
+    ``|f_i|^2 = |a_i|^2 - <a_i, y_i>^2``.
+    """
+    w = _softmax_heads(prompt.logits, beta, causal)  # (H, n, n)
+    uf = (w * prompt.u_z).sum(axis=(0, 2))
+    along = (w * prompt.y_z).sum(axis=(0, 2))
+    through = np.matmul(w[:, None], prompt.z_z).sum(axis=0)  # (H, n, n): sum_h w^h Z^hg
+    aa = (through * w).sum(axis=(0, 2))  # |a_i|^2
+    return uf, np.clip(aa - along**2, 0.0, None)
 
 
 @dataclass(frozen=True)
@@ -96,7 +131,8 @@ class BetaFit:
     """One layer's fit.
 
     Attributes:
-        beta: the fitted inverse temperature.
+        beta: the fitted inverse temperature (NaN when no ``beta`` gives a
+            positive cosine).
         step: the fitted step ``h >= 0``.
         r2: explained fraction of ``sum |u_i|^2`` (``cos^2``, 0 when ``cos <= 0``).
         cosine: the cosine between stacked ``u`` and ``f(beta)``.
@@ -136,6 +172,7 @@ def fit_beta(
     *,
     causal: bool = False,
     betas: np.ndarray | None = None,
+    heads: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> BetaFit:
     """Fit ``beta`` and ``h`` to ``(before, after)`` token states of one layer.
 
@@ -145,10 +182,17 @@ def fit_beta(
         causal: token ``i`` attends to ``j <= i`` only.
         betas: the grid searched before a bounded refinement (default
             ``0`` and 121 log-spaced values in ``[0.01, 1000]``).
+        heads: per prompt, the layer's own ``(logits (H, n, n), values (H, n, d))``
+            (see the module docstring); ``None``: Q = K = V = I.
     """
     if not pairs:
         raise UserError("no token states to fit", "give at least one prompt")
-    prompts = [_prepare(before, after) for before, after in pairs]
+    if heads is not None and len(heads) != len(pairs):
+        raise UserError(f"{len(heads)} head inputs for {len(pairs)} prompts")
+    prompts = [
+        _prepare(before, after, None if heads is None else heads[index])
+        for index, (before, after) in enumerate(pairs)
+    ]
     grid = BETA_GRID if betas is None else np.asarray(betas, dtype=np.float64)
     scores = np.array([_cosine(prompts, float(b), causal)[0] for b in grid])
     best = int(np.nanargmax(scores))
@@ -170,6 +214,8 @@ def fit_beta(
         denom = np.sqrt(prompt.u_norm2 * b)
         token_cos.extend((a[denom > 0] / denom[denom > 0]).tolist())
     cos0 = _cosine(prompts, 0.0, causal)[0]
+    if cosine <= 0:  # nothing explained: no beta to speak of
+        beta = float("nan")
     n_tokens = sum(p.u_norm2.size for p in prompts)
     uu = float(sum(p.u_norm2.sum() for p in prompts))
     return BetaFit(
@@ -191,6 +237,7 @@ class EffectiveBeta:
     time: np.ndarray
     fits: list[BetaFit]
     causal: bool
+    field: str = "identity"  # "identity" (Q = K = V = I) or "heads" (the layer's own)
 
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(fit, name) for fit in self.fits], dtype=np.float64)
@@ -199,6 +246,7 @@ class EffectiveBeta:
         names = ("beta", "step", "r2", "cosine", "token_cosine", "r2_beta0", "update")
         return {
             "causal": self.causal,
+            "field": self.field,
             "layer": self.time[:-1].tolist(),
             **{name: self.column(name).tolist() for name in names},
         }
@@ -210,6 +258,7 @@ def effective_beta(
     *,
     causal: bool = False,
     betas: np.ndarray | None = None,
+    heads: Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> EffectiveBeta:
     """Fit every consecutive pair of times (a traced run: every layer).
 
@@ -219,6 +268,10 @@ def effective_beta(
         groups: ``(n,)`` prompt of each particle; each prompt is its own system.
         causal: the causal mask (use the model's).
         betas: see :func:`fit_beta`.
+        heads: ``heads(l, x)`` gives the head inputs of layer ``l`` for one
+            prompt's raw states ``x`` ``(n, d)`` at time ``l`` (the layer's own
+            attention, e.g. ``functools.partial(head_inputs, model)``);
+            ``None``: Q = K = V = I.
     """
     time = None
     order = None
@@ -239,8 +292,9 @@ def effective_beta(
     members = [np.flatnonzero(labels == g) for g in np.unique(labels)]
     if order is not None:
         members = [m[np.argsort(order[m], kind="stable")] for m in members]
-    fits = [
-        fit_beta([(x[t, m], x[t + 1, m]) for m in members], causal=causal, betas=betas)
-        for t in range(x.shape[0] - 1)
-    ]
-    return EffectiveBeta(time, fits, causal)
+    fits = []
+    for t in range(x.shape[0] - 1):
+        inputs = None if heads is None else [heads(t, x[t, m]) for m in members]
+        pairs = [(x[t, m], x[t + 1, m]) for m in members]
+        fits.append(fit_beta(pairs, causal=causal, betas=betas, heads=inputs))
+    return EffectiveBeta(time, fits, causal, "identity" if heads is None else "heads")

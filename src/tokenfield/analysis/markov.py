@@ -358,14 +358,11 @@ def attention_by_layer(ds) -> AttentionByLayer:
     top_tokens: list[list[str]] = []
     if int(last.sum()) < last.size:  # every token is there: rank them
         pi = np.asarray(ds["attn_stationary_nosink"].transpose("particle", "block", "head").values)
-        pi = np.nanmean(pi, axis=2)  # (particle, L)
+        pi = np.where(np.isnan(pi), 0.0, pi).mean(axis=2)  # (particle, L); token 0 -> 0
         index = np.asarray(ds["prompt_index"].values)
         tokens = np.asarray(ds["token"].values)
         for p in np.unique(index):
             rows = np.flatnonzero(index == p)
-            scores = np.where(np.isnan(pi[rows]), -np.inf, pi[rows])  # (n, L)
-            best = scores.argmax(axis=0)
+            best = pi[rows].argmax(axis=0)  # (L,)
             top_tokens.append([str(tokens[rows[b]]) for b in best])
-    return AttentionByLayer(
-        np.asarray(ds["block"].values), values, top_tokens, int(last.sum())
-    )
+    return AttentionByLayer(np.asarray(ds["block"].values), values, top_tokens, int(last.sum()))

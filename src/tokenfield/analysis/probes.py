@@ -85,7 +85,9 @@ def _prepare(x: np.ndarray) -> np.ndarray:
     return u[:, keep] * s[keep]  # = x V: the coordinates in the span
 
 
-def _folds(labels: np.ndarray, folds: int, seed: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
+def _folds(
+    labels: np.ndarray, folds: int, seed: int
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
     from sklearn.model_selection import LeaveOneOut, StratifiedKFold
 
     _, counts = np.unique(labels, return_counts=True)
@@ -103,7 +105,7 @@ def _cv_accuracy(x: np.ndarray, labels: np.ndarray, splits, c: float) -> float:
         if np.unique(labels[train]).size < 2:
             correct += int((labels[test] == labels[train][0]).sum())
             continue
-        model = LogisticRegression(C=c, max_iter=2000)
+        model = LogisticRegression(C=c, max_iter=2000, solver="newton-cg")  # exact, fast here
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model.fit(x[train], labels[train])

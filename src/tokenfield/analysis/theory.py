@@ -10,8 +10,9 @@
 - **attention** (:mod:`~tokenfield.analysis.markov`): entropy, sink mass,
   ``|lambda_2|`` and gap per layer and head (runs traced with ``attention=True``);
 - **effective beta** (:mod:`~tokenfield.analysis.effective_beta`): per layer, the
-  ``beta`` and step of the idealised attention flow that best explain the
-  layer's update, and how much they explain;
+  ``beta`` and step of the idealised attention flow (Q = K = V = I) that best
+  explain the layer's update, and how much they explain; given the model, also
+  with the layer's own heads;
 - **probes** (:mod:`~tokenfield.analysis.probes`): category accuracy from the
   last token and from the token mean, against a permutation null;
 - **logit lens** (:mod:`~tokenfield.analysis.lens`) when the run has one.
@@ -45,7 +46,14 @@ from tokenfield.analysis.probes import (
 from tokenfield.errors import UserError
 from tokenfield.runs import FIGURES, open_run, read_run_info, write_json_atomic
 
-__all__ = ["THEORY_JSON", "TheoryLens", "simulate_from_run", "theory_lens", "write_theory"]
+__all__ = [
+    "THEORY_JSON",
+    "TheoryLens",
+    "model_of_run",
+    "simulate_from_run",
+    "theory_lens",
+    "write_theory",
+]
 
 THEORY_JSON = "theory.json"
 
@@ -78,6 +86,8 @@ class TheoryLens:
     baseline_attention: AttentionByLayer | None = None
     beta: EffectiveBeta | None = None
     baseline_beta: EffectiveBeta | None = None
+    beta_heads: EffectiveBeta | None = None
+    baseline_beta_heads: EffectiveBeta | None = None
     probes: dict[str, ProbeCurve] = field(default_factory=dict)
     baseline_probes: dict[str, ProbeCurve] = field(default_factory=dict)
     lens: LogitLens | None = None
@@ -97,6 +107,8 @@ class TheoryLens:
             "baseline_attention": dump(self.baseline_attention),
             "effective_beta": dump(self.beta),
             "baseline_effective_beta": dump(self.baseline_beta),
+            "effective_beta_heads": dump(self.beta_heads),
+            "baseline_effective_beta_heads": dump(self.baseline_beta_heads),
             "probes": {k: v.to_dict() for k, v in self.probes.items()},
             "baseline_probes": {k: v.to_dict() for k, v in self.baseline_probes.items()},
             "logit_lens": dump(self.lens),
@@ -135,7 +147,7 @@ def _pick_simulation(beta: EffectiveBeta | None) -> tuple[float, float, str]:
     """The median fitted beta and step over layers whose fit explains anything."""
     if beta is not None:
         r2 = beta.column("r2")
-        ok = r2 > 0.01
+        ok = (r2 > 0.01) & np.isfinite(beta.column("beta"))
         if ok.any():
             b = float(np.median(beta.column("beta")[ok]))
             h = float(np.median(beta.column("step")[ok]))
@@ -144,8 +156,43 @@ def _pick_simulation(beta: EffectiveBeta | None) -> tuple[float, float, str]:
     return 1.0, 0.1, "default (no usable effective-beta fit)"
 
 
+def _heads_fit(ds: xr.Dataset, model: Any, causal: bool) -> EffectiveBeta:
+    from tokenfield.models.attention import head_inputs
+
+    layers = ds.sizes["time"] - 1
+    if model.n_layers != layers:
+        raise UserError(
+            f"the model has {model.n_layers} blocks but the run has {layers} layers",
+            "pass the model that made the run",
+        )
+    return effective_beta(ds, causal=causal, heads=lambda t, x: head_inputs(model, t, x))
+
+
+def model_of_run(run: str | Path) -> Any:
+    """Load the model named in a trace run's config (random weights and seed included)."""
+    from tokenfield.models.load import load_model
+
+    config = read_run_info(run).config.get("model", {})
+    name = config.get("name")
+    if not name:
+        raise UserError(f"run '{run}' names no model")
+    return load_model(
+        name,
+        dtype=config.get("dtype", "float32"),
+        random_weights=bool(config.get("random_weights")),
+        seed=int(config.get("seed") or 0),
+    )
+
+
 def simulate_from_run(
-    run: str | Path, ds: xr.Dataset, *, beta: float, dt: float, causal: bool, eps: float
+    run: str | Path,
+    ds: xr.Dataset,
+    *,
+    beta: float,
+    dt: float,
+    causal: bool,
+    eps: float,
+    more_eps: tuple[float, ...] = (),
 ) -> TokenClouds:
     """Simulate ``dx/dt = P^perp sum_j softmax_j(beta <x_i, x_j>) x_j`` from each
     prompt's layer-0 tokens (``tokenfield simulate --init run:RUN``), one Euler
@@ -155,7 +202,9 @@ def simulate_from_run(
     from tokenfield.particles.integrate import simulate
 
     layers = ds.sizes["time"] - 1
-    dynamics = Dynamics(beta=beta, causal=causal)
+    # beta = 0 with a causal mask gives NaN in the simulator's SDPA kernel (scale 0
+    # times the -inf mask); 1e-9 is beta = 0 to every digit that matters.
+    dynamics = Dynamics(beta=max(beta, 1e-9) if causal else beta, causal=causal)
     frames, groups = [], []
     for prompt in np.unique(ds["prompt_index"].values):
         x0 = initial_condition(f"run:{run}", None, None, prompt_index=int(prompt))
@@ -165,8 +214,12 @@ def simulate_from_run(
             raise RuntimeError(f"expected {layers + 1} saved frames, got {states.shape[0]}")
         frames.append(states)
         groups.extend([int(prompt)] * states.shape[1])
-    clouds = token_clouds(np.concatenate(frames, axis=1), np.asarray(groups), eps=eps)
-    return TokenClouds(np.asarray(ds["time"].values), clouds.groups, clouds.values, clouds.masses, eps)
+    clouds = token_clouds(
+        np.concatenate(frames, axis=1), np.asarray(groups), eps=eps, more_eps=more_eps
+    )
+    return TokenClouds(
+        np.asarray(ds["time"].values), clouds.groups, clouds.values, clouds.masses, eps
+    )
 
 
 def theory_lens(
@@ -175,10 +228,13 @@ def theory_lens(
     baseline: str | Path | None = None,
     simulate: bool = False,
     eps: float = DEFAULT_EPS,
-    permutations: int = 50,
+    more_eps: tuple[float, ...] = (0.1, 0.3),
+    permutations: int = 20,
     seed: int = 0,
     sim_beta: float | None = None,
     sim_dt: float | None = None,
+    model: Any = None,
+    baseline_model: Any = None,
 ) -> TheoryLens:
     """Measure a traced run against the mean-field theory (see the module docstring).
 
@@ -189,15 +245,21 @@ def theory_lens(
         baseline: a trace of the same prompts by a random-weight copy
             (``tokenfield trace --random-weights``), measured the same way.
         simulate: also run the simulator from the run's layer-0 token states.
-        eps: cluster threshold.
+        eps: cluster threshold (the simulator's default).
+        more_eps: coarser thresholds for extra cluster counts.
         permutations: label shuffles of the probes' null.
         seed: probe folds and shuffles.
         sim_beta, sim_dt: the simulation's beta and step (default: the median
             fitted effective beta and step).
+        model, baseline_model: the loaded models that made the runs
+            (llama family); given, the effective beta is also fitted with each
+            layer's own heads (:func:`tokenfield.models.attention.head_inputs`).
     """
     info_run = read_run_info(run)
     if info_run.kind != "trace":
-        raise UserError(f"'{run}' is a {info_run.kind} run", "pass a run made by 'tokenfield trace'")
+        raise UserError(
+            f"'{run}' is a {info_run.kind} run", "pass a run made by 'tokenfield trace'"
+        )
     ds = open_run(run).load()
     causal = _causal(ds)
     notes: list[str] = []
@@ -218,11 +280,15 @@ def theory_lens(
             raise UserError(f"baseline '{baseline}' is not a trace run")
         base = open_run(baseline).load()
     if _is_all(ds):
-        parts["clouds"] = token_clouds(ds, eps=eps)
+        parts["clouds"] = token_clouds(ds, eps=eps, more_eps=more_eps)
         parts["beta"] = effective_beta(ds, causal=causal)
+        if model is not None:
+            parts["beta_heads"] = _heads_fit(ds, model, causal)
         if base is not None and _is_all(base):
-            parts["baseline_clouds"] = token_clouds(base, eps=eps)
+            parts["baseline_clouds"] = token_clouds(base, eps=eps, more_eps=more_eps)
             parts["baseline_beta"] = effective_beta(base, causal=causal)
+            if baseline_model is not None:
+                parts["baseline_beta_heads"] = _heads_fit(base, baseline_model, causal)
         if simulate:
             beta, dt, source = _pick_simulation(parts["beta"])
             if sim_beta is not None or sim_dt is not None:
@@ -231,11 +297,15 @@ def theory_lens(
                 source = "given"
             if not (math.isfinite(beta) and math.isfinite(dt) and dt > 0):
                 raise UserError(f"bad simulation parameters beta={beta}, dt={dt}", "pass dt > 0")
-            clouds = simulate_from_run(run, ds, beta=beta, dt=dt, causal=causal, eps=eps)
+            clouds = simulate_from_run(
+                run, ds, beta=beta, dt=dt, causal=causal, eps=eps, more_eps=more_eps
+            )
             parts["simulated"] = SimulatedClouds(clouds, beta, dt, source)
     else:
-        notes.append("clouds and effective beta skipped: the run keeps only the last token "
-                     "(trace with --positions all)")
+        notes.append(
+            "clouds and effective beta skipped: the run keeps only the last token "
+            "(trace with --positions all)"
+        )
     if "attn_lambda2" in ds:
         parts["attention"] = attention_by_layer(ds)
     else:

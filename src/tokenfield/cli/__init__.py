@@ -16,6 +16,8 @@ from tokenfield.errors import UserError
 from tokenfield.cli import (  # noqa: E402,F401  isort: skip
     analyze_cmd,
     demo_cmd,
+    lens_cmd,
+    meanfield_cmd,
     models_cmd,
     report_cmd,
     simulate_cmd,

@@ -16,7 +16,9 @@ the model to eager attention for the duration of the trace and restores it
 after. Hooks return ``None``: they never change what the model computes.
 
 :func:`attention_matrices` returns the full matrices of one prompt, for when
-they are really wanted.
+they are really wanted. :func:`head_inputs` gives the logits and values of a
+block's own heads for the effective-beta fit
+(:mod:`tokenfield.analysis.effective_beta`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "attention_modules",
     "capture_attention",
     "eager_attention",
+    "head_inputs",
 ]
 
 # Where a block's self-attention module lives, per family in models/sites.py.
@@ -163,7 +166,11 @@ class AttentionCapture:
 
 
 def _weights_of(output: Any) -> torch.Tensor | None:
-    if isinstance(output, (tuple, list)) and len(output) > 1 and isinstance(output[1], torch.Tensor):
+    if (
+        isinstance(output, (tuple, list))
+        and len(output) > 1
+        and isinstance(output[1], torch.Tensor)
+    ):
         return output[1]
     return None
 
@@ -231,3 +238,50 @@ def attention_matrices(model: Any, prompt: str | Sequence[int]) -> np.ndarray:
             for handle in handles:
                 handle.remove()
     return np.stack(found)  # type: ignore[arg-type]
+
+
+def head_inputs(model: Any, block: int, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A block's own attention for one prompt, positions ignored.
+
+    With ``h = norm(x)`` the block's input norm, per head ``h``:
+
+        G^h_ij = s <q^h_i, k^h_j>,   z^h_j = O_h v^h_j,
+
+    ``q, k, v`` from the block's projections (and its ``q_norm``/``k_norm`` when it
+    has them), ``s`` its logit scale, ``O_h`` the head's slice of the output
+    projection. Rotary position codes, sliding windows and output biases are
+    left out, so ``sum_j softmax_j(G^h_ij) z^h_j`` summed over heads is the
+    block's attention output for tokens that all sit at position 0.
+
+    Args:
+        model: a :class:`~tokenfield.models.load.LoadedModel` of the llama family
+            (Llama, Qwen, Gemma, Mistral, ...).
+        block: block index.
+        states: ``(n, d)`` the raw residual states entering the block.
+
+    Returns:
+        ``(logits (H, n, n), values (H, n, d))`` in float64.
+    """
+    if model.family.name != "llama":
+        raise UserError(
+            f"the layer's own attention is read for llama-family models, not '{model.family.name}'",
+            "use the identity field (the default)",
+        )
+    layer = model.sites.blocks[block]
+    attn, norm = layer.self_attn, layer.input_layernorm
+    param = next(attn.parameters())
+    x = torch.as_tensor(np.asarray(states), dtype=param.dtype, device=param.device)
+    n, head_dim = x.shape[0], int(attn.head_dim)
+    with torch.inference_mode():
+        h = norm(x)  # (n, d)
+        q = attn.q_proj(h).view(n, -1, head_dim)  # (n, H, d_h)
+        k = attn.k_proj(h).view(n, -1, head_dim)  # (n, H_kv, d_h)
+        v = attn.v_proj(h).view(n, -1, head_dim)
+        if getattr(attn, "q_norm", None) is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        groups = q.shape[1] // k.shape[1]  # grouped-query attention: kv head per group
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        logits = torch.einsum("ihe,jhe->hij", q, k) * float(attn.scaling)  # (H, n, n)
+        out = attn.o_proj.weight.view(-1, q.shape[1], head_dim)  # (d, H, d_h)
+        values = torch.einsum("jhe,dhe->hjd", v, out)  # (H, n, d)
+    return logits.double().cpu().numpy(), values.double().cpu().numpy()

@@ -176,8 +176,8 @@ def _run_section(path: Path, index: int) -> str:
         auto_play=False,
         config={"displaylogo": False, "responsive": True},
     )
-    model = info.get("model") or ""
-    heading = f"{html.escape(name)} <small>({html.escape(kind)}{', ' + html.escape(str(model)) if model else ''})</small>"
+    model = _describe_model(info.get("model"))
+    heading = f"{html.escape(name)} <small>({html.escape(kind)}{', ' + html.escape(model) if model else ''})</small>"
     parts = [f'<section id="run-{index}"><h2>{heading}</h2>']
     parts.append(f"<p class='note'>{html.escape(str(path))}</p>")
     parts.append("<h3>Summary</h3>" + _summary_table(metrics))
@@ -335,3 +335,18 @@ def _simulation_table(metrics: dict[str, Any]) -> str:
         if not isinstance(value, list)
     ]
     return "<h3>Simulation</h3>" + _table(["measure", "value"], rows) if rows else ""
+
+
+def _describe_model(model: object) -> str:
+    """``smollm2 (llama, 30 layers, d=576)`` from a run's model config."""
+    if not isinstance(model, dict):
+        return str(model or "")
+    parts = [str(model.get(k)) for k in ("model_type",) if model.get(k)]
+    if model.get("n_layers"):
+        parts.append(f"{model['n_layers']} layers")
+    if model.get("d_model"):
+        parts.append(f"d={model['d_model']}")
+    if model.get("random_weights"):
+        parts.append(f"random weights, seed {model.get('seed')}")
+    name = str(model.get("name", ""))
+    return f"{name} ({', '.join(parts)})" if parts else name

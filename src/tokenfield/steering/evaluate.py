@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from tokenfield.errors import UserError
 from tokenfield.prompts import Prompt
@@ -105,9 +106,11 @@ def evaluate_steering(
     steps = 2 + 2 * len(layers) * len(alphas)
     bar = _Progress(progress, steps)
 
-    def answer(texts: Sequence[str]) -> tuple[int, list[int | None], list[str]]:
+    def answer(
+        texts: Sequence[str], states: list[list[Any]] | None = None
+    ) -> tuple[int, list[int | None], list[str]]:
         out = greedy_continuations(
-            model, texts, max_new_tokens=max_new_tokens, batch_size=batch_size
+            model, texts, max_new_tokens=max_new_tokens, batch_size=batch_size, states=states
         )
         correct, parsed = _score(out, answers)
         bar.advance()
@@ -130,15 +133,18 @@ def evaluate_steering(
             }
         )
 
+    def stacked(recorded: list[list[Any]]) -> np.ndarray:
+        return np.stack([torch.cat(parts).numpy() for parts in recorded]).astype(np.float64)
+
     with bar:
-        word_correct, word_parsed, word_text = answer(words)
+        recorded_words: list[list[Any]] = [[] for _ in range(model.n_layers + 1)]
+        word_correct, word_parsed, word_text = answer(words, states=recorded_words)
         row("word", None, None, word_correct)
-        math_correct, _parsed, math_text = answer(maths)
+        recorded_maths: list[list[Any]] = [[] for _ in range(model.n_layers + 1)]
+        math_correct, _parsed, math_text = answer(maths, states=recorded_maths)
         row("math", None, None, math_correct)
-        test_ds = tf.trace(model, maths + words, batch_size=batch_size)
-        last = np.asarray(test_ds["states"].values, dtype=np.float64)  # (time, 2n, d)
-        math_centroid = last[:, :n].mean(axis=1)
-        word_states = last[:, n:]
+        word_states = stacked(recorded_words)  # (time, n, d)
+        math_centroid = stacked(recorded_maths).mean(axis=1)  # (time, d)
         vectors: dict[str, float] = {}
         for layer in layers:
             vector = steering_vector(fit_ds, source="word", target="math", layer=layer)
@@ -146,12 +152,10 @@ def evaluate_steering(
             control = random_control(vector, control_seed)
             for condition, direction in (("steered", vector), ("control", control)):
                 for alpha in alphas:
+                    recorded: list[list[Any]] = [[] for _ in range(model.n_layers + 1)]
                     with steering(model, direction, float(alpha), positions=positions, check=False):
-                        correct, _p, _t = answer(words)
-                        moved = tf.trace(model, words, batch_size=batch_size).states.values
-                    toward = progress_toward(
-                        np.asarray(moved, dtype=np.float64), word_states, math_centroid
-                    )
+                        correct, _p, _t = answer(words, states=recorded)
+                    toward = progress_toward(stacked(recorded), word_states, math_centroid)
                     row(
                         condition,
                         layer,

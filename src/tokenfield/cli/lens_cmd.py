@@ -1,0 +1,152 @@
+"""``tokenfield lens``: a traced run measured against the mean-field theory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tokenfield.cli._app import app
+
+
+@app.command(
+    "lens",
+    epilog=(
+        "Example:\n\n"
+        "tokenfield trace -m smollm2 --positions all --attention --logit-lens -o runs/s\n\n"
+        "tokenfield trace -m smollm2 --positions all --attention --random-weights -o runs/s-rw\n\n"
+        "tokenfield lens runs/s --baseline runs/s-rw --simulate\n\n"
+        "Writes RUN/theory.json and RUN/figures/theory_*.png; 'tokenfield report' shows them."
+    ),
+)
+def lens_command(
+    run: Annotated[Path, typer.Argument(help="A run written by 'tokenfield trace'.")],
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="A trace of the same prompts by a random-weight copy (--random-weights)."
+        ),
+    ] = None,
+    simulate: Annotated[
+        bool,
+        typer.Option(
+            "--simulate",
+            help="Also simulate the particle system from the run's layer-0 tokens.",
+        ),
+    ] = False,
+    eps: Annotated[
+        float, typer.Option(help="Cluster threshold: link tokens with cos >= 1 - eps.")
+    ] = 0.01,
+    more_eps: Annotated[
+        str, typer.Option("--more-eps", help="Comma-separated coarser thresholds, or ''.")
+    ] = "0.1,0.3",
+    permutations: Annotated[
+        int, typer.Option(help="Label shuffles in the probes' permutation null.")
+    ] = 20,
+    sim_beta: Annotated[
+        float | None, typer.Option("--sim-beta", help="Simulation beta (default: fitted).")
+    ] = None,
+    sim_dt: Annotated[
+        float | None, typer.Option("--sim-dt", help="Simulation step per layer (default: fitted).")
+    ] = None,
+    heads: Annotated[
+        bool,
+        typer.Option(
+            "--heads",
+            help="Also fit the effective beta with each layer's own heads (loads the "
+            "model named in the run; llama-family models).",
+        ),
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the probes' folds and shuffles.")] = 0,
+    figures: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
+) -> None:
+    """Token clouds, attention as Markov chains, effective beta, probes, logit lens.
+
+    Measures a traced run the way the self-attention particle theory would and
+    writes RUN/theory.json (and figures). Sections the run cannot support are
+    skipped with a note: clouds and beta need --positions all, the attention
+    section needs --attention, the lens needs --logit-lens.
+    """
+    from rich.console import Console
+
+    from tokenfield.analysis.theory import model_of_run, theory_lens, write_theory
+    from tokenfield.errors import UserError
+    from tokenfield.runs import read_run_info
+
+    read_run_info(run)  # a clear error before any work
+    if baseline is not None:
+        read_run_info(baseline)
+    try:
+        extra = tuple(float(v) for v in more_eps.split(",") if v.strip())
+    except ValueError:
+        raise UserError(
+            f"--more-eps '{more_eps}' is not a list of numbers", "write e.g. 0.1,0.3"
+        ) from None
+    if permutations < 0:
+        raise UserError(f"--permutations must be >= 0, got {permutations}")
+    console = Console(stderr=True)
+    model = baseline_model = None
+    if heads:
+        with console.status("loading the models"):
+            model = model_of_run(run)
+            baseline_model = None if baseline is None else model_of_run(baseline)
+    with console.status(f"measuring {run}"):
+        result = theory_lens(
+            run,
+            baseline=baseline,
+            simulate=simulate,
+            eps=eps,
+            more_eps=extra,
+            permutations=permutations,
+            seed=seed,
+            sim_beta=sim_beta,
+            sim_dt=sim_dt,
+            model=model,
+            baseline_model=baseline_model,
+        )
+        path = write_theory(run, result, figures=figures)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    _summary(console, result)
+    console.print(f"[green]wrote[/green] {path}")
+
+
+def _summary(console, result) -> None:
+    """A few headline numbers."""
+    import numpy as np
+    from rich.table import Table
+
+    table = Table(title="through the lens of the theory", show_lines=False)
+    table.add_column("measure")
+    table.add_column("first layer", justify="right")
+    table.add_column("middle", justify="right")
+    table.add_column("last layer", justify="right")
+
+    def row(label: str, values) -> None:
+        if values is None:
+            return
+        values = np.asarray(values, dtype=float)
+        picks = [values[0], values[len(values) // 2], values[-1]]
+        table.add_row(label, *(f"{v:.3g}" for v in picks))
+
+    if result.clouds is not None:
+        row("mean cosine", result.clouds.mean("mean_cos"))
+        row("clusters", result.clouds.mean("cluster_count"))
+    if result.baseline_clouds is not None:
+        row("mean cosine, random weights", result.baseline_clouds.mean("mean_cos"))
+    if result.simulated is not None:
+        row("mean cosine, simulation", result.simulated.clouds.mean("mean_cos"))
+    if result.beta is not None:
+        row("effective beta", result.beta.column("beta"))
+        row("R^2 explained", result.beta.column("r2"))
+    if result.beta_heads is not None:
+        row("R^2 explained, own heads", result.beta_heads.column("r2"))
+    if result.attention is not None:
+        row("sink mass", result.attention.head_mean("sink_mass"))
+        row("gap, sink dropped", result.attention.head_mean("gap_nosink"))
+    for name, curve in result.probes.items():
+        row(f"probe accuracy ({name})", curve.accuracy)
+    if result.lens is not None:
+        row("logit lens top-1", result.lens.top1)
+    console.print(table)

@@ -1,0 +1,478 @@
+"""The mean-field commands: ``stability``, ``predict-clusters``, ``pde``,
+``phase-diagram`` and ``metastability``.
+
+Each computes with :mod:`tokenfield.meanfield`, prints a table (or JSON with
+``--json``), and with ``--out`` writes its JSON and figures. Bad input fails
+before anything is computed or written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tokenfield.cli._app import app
+from tokenfield.errors import UserError
+
+DYNAMICS_HELP = "sa: softmax attention; usa: unnormalised (weights / n)."
+
+
+def _numbers(text: str, flag: str, *, integer: bool = False) -> list[float]:
+    """``1,2,4`` or ``A:B`` (integers A..B) or ``A:B:N`` (N points from A to B)."""
+    try:
+        if ":" in text:
+            parts = [float(p) for p in text.split(":")]
+            if len(parts) == 2:
+                values = list(range(math.ceil(parts[0]), math.floor(parts[1]) + 1))
+            elif len(parts) == 3 and parts[2] >= 1 and parts[2] == int(parts[2]):
+                values = [float(v) for v in _linspace(parts[0], parts[1], int(parts[2]))]
+            else:
+                raise ValueError
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(
+            f"{flag} must be a list like 1,2,4 or a range A:B or A:B:N, got '{text}'",
+            f"e.g. {flag} 1,2,4 or {flag} 1:100",
+        ) from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise UserError(f"{flag} has no finite values: '{text}'", f"e.g. {flag} 1,2,4")
+    if integer:
+        if any(v != int(v) for v in values):
+            raise UserError(f"{flag} must be integers, got '{text}'")
+        return [int(v) for v in values]
+    return [float(v) for v in values]
+
+
+def _linspace(start: float, stop: float, count: int) -> list[float]:
+    if count == 1:
+        return [start]
+    return [start + (stop - start) * i / (count - 1) for i in range(count)]
+
+
+def _dynamics(value: str) -> str:
+    if value not in ("sa", "usa"):
+        raise UserError(f"unknown --dynamics '{value}'", "use sa or usa")
+    return value
+
+
+def _time(value: str) -> str:
+    if value not in ("paper", "rescaled"):
+        raise UserError(f"unknown --time '{value}'", "use paper or rescaled")
+    return value
+
+
+def _out_dir(out: Path | None) -> Path | None:
+    if out is None:
+        return None
+    from tokenfield.runs import check_writable_dir
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out '{out}' is a file", "pass a directory")
+    check_writable_dir(out)
+    return out
+
+
+def _emit(data: dict[str, Any], out: Path | None, name: str, as_json: bool) -> None:
+    from tokenfield.runs import write_json_atomic
+
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / f"{name}.json", data)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON: {type(value)}")
+
+
+def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:
+    if out is None:
+        return
+    from tokenfield.viz.meanfield import write_meanfield_figures
+
+    paths = write_meanfield_figures(results, out / "figures")
+    console.print(f"wrote {out} ({len(paths)} figure files)")
+
+
+@app.command(
+    "stability",
+    epilog=(
+        "Examples: tokenfield stability --dim 2 --beta 25;  "
+        "tokenfield stability --dim 3 --beta-range 1:100 --out kmax.png"
+    ),
+)
+def stability_command(
+    dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension d (S^{d-1}).")] = 2,
+    beta: Annotated[float | None, typer.Option(help="Inverse temperature beta.")] = None,
+    beta_range: Annotated[
+        str | None,
+        typer.Option("--beta-range", help="A:B or A:B:N: draw k_max against beta over this range."),
+    ] = None,
+    dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "usa",
+    time: Annotated[
+        str, typer.Option(help="paper, or rescaled (USA rates times e^{-beta}).")
+    ] = "paper",
+    max_mode: Annotated[
+        int | None, typer.Option("--max-mode", help="Last mode listed (default ~2 sqrt(2 beta)).")
+    ] = None,
+    n: Annotated[
+        int | None,
+        typer.Option("--n", help="Discrete rates of n equispaced particles (circle only)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Figure file (.png or .svg) for --beta-range or --beta."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Growth rates of the modes of the uniform measure and k_max(beta).
+
+    lambda_l = l (l + d - 2) mu_l(beta) / beta (USA), mu_l = Gamma(d/2) (2/beta)^{d/2-1}
+    I_{l+d/2-1}(beta); SA divides by mu_0. On the circle: k^2 I_k(beta) / beta.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenfield.meanfield.stability import k_max_curve, stability_spectrum
+
+    dynamics, time = _dynamics(dynamics), _time(time)
+    if (beta is None) == (beta_range is None):
+        raise UserError("pass exactly one of --beta and --beta-range", "e.g. --beta 9")
+    if out is not None and out.suffix.lower() not in (".png", ".svg"):
+        raise UserError(f"--out '{out}' must end in .png or .svg")
+    if out is not None:
+        _out_dir(out.parent if str(out.parent) else Path("."))
+    console = Console()
+    if beta is not None:
+        spectrum = stability_spectrum(
+            beta, dim=dim, normalization=dynamics, time=time, max_mode=max_mode, n_particles=n
+        )
+        data = spectrum.to_dict()
+        if as_json:
+            typer.echo(json.dumps(data, indent=2))
+        else:
+            label = "k" if dim == 2 else "l"
+            table = Table(
+                title=f"d = {dim}, beta = {beta:g}, {dynamics}, {time} time"
+                + (f", n = {n}" if n else "")
+            )
+            for column in (label, "growth rate", "multiplicity"):
+                table.add_column(column, justify="right")
+            for k, rate, mult in zip(
+                spectrum.modes, spectrum.growth_rates, spectrum.multiplicity, strict=True
+            ):
+                mark = " <- k_max" if k == spectrum.k_max else ""
+                table.add_row(str(k), f"{rate:.6g}{mark}", str(mult))
+            console.print(table)
+            console.print(f"k_max = {spectrum.k_max}   sqrt(2 beta) = {spectrum.sqrt_2beta:.3f}")
+        if out is not None:
+            from tokenfield.viz.meanfield import plot_growth_rates
+
+            plot_growth_rates(spectrum).savefig(out)
+        return
+    betas = _numbers(beta_range, "--beta-range")  # type: ignore[arg-type]
+    if ":" in beta_range and len(beta_range.split(":")) == 2:  # type: ignore[union-attr]
+        low, high = (float(v) for v in beta_range.split(":"))  # type: ignore[union-attr]
+        betas = _linspace(low, high, max(2, min(400, int(round((high - low) * 4)) + 1)))
+    curve = k_max_curve(betas, dim=dim, normalization=dynamics, time=time)
+    if as_json:
+        typer.echo(json.dumps(curve.to_dict(), indent=2))
+    elif out is None:
+        table = Table(title=f"k_max against beta, d = {dim}")
+        for column in ("beta", "k_max", "sqrt(2 beta)"):
+            table.add_column(column, justify="right")
+        for b, k, s in zip(curve.betas, curve.k_max, curve.sqrt_2beta, strict=True):
+            table.add_row(f"{b:g}", str(k), f"{s:.3f}")
+        console.print(table)
+    if out is not None:
+        from tokenfield.viz.meanfield import plot_k_max_curve
+
+        plot_k_max_curve(curve).savefig(out)
+        if not as_json:
+            console.print(f"wrote {out}")
+
+
+@app.command(
+    "predict-clusters",
+    epilog="Example: tokenfield predict-clusters --betas 1,4,16,49 --n 256 --seeds 4 --out mf/",
+)
+def predict_clusters_command(
+    betas: Annotated[str, typer.Option(help="Betas: 1,4,16 or A:B or A:B:N.")] = "1,4,9,16,25",
+    dynamics: Annotated[str, typer.Option(help="sa, usa or both as 'usa,sa'.")] = "usa,sa",
+    n: Annotated[int, typer.Option("--n", help="Particles on the circle.")] = 256,
+    noise: Annotated[float, typer.Option(help="Angular noise of the equispaced start.")] = 1e-3,
+    seeds: Annotated[int, typer.Option(help="Independent starts, batched.")] = 4,
+    seed: Annotated[int, typer.Option(help="First seed.")] = 0,
+    growth_rates: Annotated[
+        bool,
+        typer.Option("--growth-rates", help="Also fit the linear-phase Fourier growth rates."),
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Directory for JSON + figures.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Simulate near-equispaced starts on the circle and set the first plateau of the
+    cluster count beside k_max(beta) (USA in rescaled time)."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenfield.meanfield.predict import cluster_prediction, growth_rate_experiment
+
+    values = _numbers(betas, "--betas")
+    norms = tuple(_dynamics(v.strip()) for v in dynamics.split(",") if v.strip())
+    if not norms or any(b <= 0 for b in values):
+        raise UserError("--dynamics must name sa and/or usa, and --betas must be > 0")
+    if n < 4 or seeds < 1 or not (0 < noise < 1):
+        raise UserError("need --n >= 4, --seeds >= 1 and --noise in (0, 1)")
+    out = _out_dir(out)
+    console = Console(stderr=as_json)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with console.status("simulating"):
+            prediction = cluster_prediction(
+                values, normalizations=norms, n_particles=n, noise=noise, seeds=seeds, seed=seed
+            )
+            fits = (
+                [
+                    growth_rate_experiment(b, normalization=m, n_particles=n)
+                    for m in norms
+                    for b in values
+                ]
+                if growth_rates
+                else []
+            )
+    finally:
+        torch.set_num_threads(threads)
+    rows = prediction.rows()
+    data = {"rows": rows, "growth_rates": [f.to_dict() for f in fits]}
+    if not as_json:
+        table = Table(title=f"k_max against the first plateau, n = {n}, noise = {noise:g}")
+        for column in ("dynamics", "beta", "k_max", "sqrt(2 beta)", "first plateau", "median"):
+            table.add_column(column, justify="right")
+        for r in rows:
+            table.add_row(r["normalization"], f"{r['beta']:g}", str(r["k_max"]),
+                          f"{r['sqrt_2beta']:.2f}",
+                          " ".join(str(c) for c in r["first_plateau_counts"]),
+                          f"{r['median_count']:g}")  # fmt: skip
+        console.print(table)
+        for fit in fits:
+            worst = float(fit.relative_error.max())
+            console.print(
+                f"{fit.normalization} beta = {fit.beta:g}: fitted growth rates of modes 1..{fit.modes[-1]} "
+                f"match lambda_k^(n) to {worst:.1e} (relative to max lambda)"
+            )
+    _emit(data, out, "cluster_prediction", as_json)
+    _figures({"cluster_prediction": rows, "growth_fits": fits}, out, console)
+
+
+@app.command(
+    "pde",
+    epilog="Example: tokenfield pde --beta 4 --dynamics sa --n 64,128,256,512 --times 0,1,2,3 --out mf/",
+)
+def pde_command(
+    beta: Annotated[float, typer.Option(help="Inverse temperature.")] = 4.0,
+    dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "sa",
+    time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
+    n: Annotated[
+        str, typer.Option("--n", help="Particle counts, e.g. 64,128,256.")
+    ] = "64,128,256,512",
+    times: Annotated[str, typer.Option(help="Comparison times.")] = "0,1,2,3",
+    cells: Annotated[int, typer.Option(help="Finite-volume cells.")] = 2048,
+    kappa: Annotated[float, typer.Option(help="Start: the bump e^{kappa cos theta}.")] = 1.0,
+    sampling: Annotated[str, typer.Option(help="quantile or random particle starts.")] = "quantile",
+    seeds: Annotated[int, typer.Option(help="Random starts per n (sampling random).")] = 4,
+    dt: Annotated[float, typer.Option(help="Particle RK4 step.")] = 0.01,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Directory for JSON + figures.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Solve the mean-field PDE on the circle and compare it with n-particle runs (W1)."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenfield.meanfield.convergence import pde_vs_particles
+
+    dynamics, time = _dynamics(dynamics), _time(time)
+    ns = _numbers(n, "--n", integer=True)
+    moments = _numbers(times, "--times")
+    if sampling not in ("quantile", "random"):
+        raise UserError(f"unknown --sampling '{sampling}'", "use quantile or random")
+    if not (math.isfinite(dt) and dt > 0) or seeds < 1:
+        raise UserError("--dt must be > 0 and --seeds >= 1")
+    out = _out_dir(out)
+    console = Console(stderr=as_json)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with console.status("solving"):
+            result = pde_vs_particles(
+                beta, normalization=dynamics, time=time, ns=ns, times=moments, kappa=kappa,
+                cells=cells, sampling=sampling, seeds=seeds, dt=dt,
+            )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    if not as_json:
+        table = Table(title=f"W1(particles, PDE), {dynamics}, beta = {beta:g}, {sampling} start")
+        table.add_column("n", justify="right")
+        for t in result.times:
+            table.add_column(f"t = {t:g}", justify="right")
+        for count, row in zip(result.ns, result.w1, strict=True):
+            table.add_row(str(count), *[f"{v:.3e}" for v in row])
+        table.add_row("rate", *[f"{r:.3f}" for r in result.rate])
+        table.add_row("PDE M vs 2M", *[f"{e:.1e}" for e in result.pde_error])
+        console.print(table)
+        console.print(f"mass error {result.mass_error:.1e}, min density {result.min_density:.3g}")
+    _emit(result.to_dict(), out, "pde_vs_particles", as_json)
+    _figures({"pde": result}, out, console)
+
+
+@app.command(
+    "phase-diagram",
+    epilog=(
+        "Example: tokenfield phase-diagram --dims 2,8,32,128 --betas 0:9 --out mf/phase --dask\n\n"
+        "Every task writes its own region of OUT/phase_diagram.zarr; run the same "
+        "command again to resume. --scheduler tcp://host:8786 uses an existing Dask "
+        "cluster (OUT must be on a filesystem its workers share)."
+    ),
+)
+def phase_diagram_command(
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for the Zarr store, JSON, figure.")
+    ],
+    dims: Annotated[str, typer.Option(help="Dimensions d.")] = "2,8,32,128",
+    betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "0:9",
+    t_max: Annotated[float, typer.Option("--t-max", help="Final time.")] = 30.0,
+    frames: Annotated[int, typer.Option(help="Saved times.")] = 61,
+    n: Annotated[int, typer.Option("--n", help="Tokens per system.")] = 32,
+    systems: Annotated[int, typer.Option(help="Random starts per (d, beta), batched.")] = 32,
+    delta: Annotated[float, typer.Option(help="Merged: <x_i, x_j> >= 1 - delta.")] = 0.1,
+    dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "sa",
+    time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
+    dt: Annotated[float, typer.Option(help="RK4 step.")] = 0.1,
+    pairs: Annotated[str, typer.Option(help="all pairs, or the first pair only.")] = "all",
+    seed: Annotated[int, typer.Option(help="Base seed.")] = 0,
+    beta_block: Annotated[int, typer.Option("--beta-block", help="Betas per task.")] = 2,
+    dask: Annotated[bool, typer.Option("--dask", help="Run the tasks on a Dask cluster.")] = False,
+    scheduler: Annotated[
+        str | None, typer.Option(help="Address of an existing Dask scheduler.")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Workers of the local Dask cluster.")] = 2,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace another sweep.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """P(two tokens merged) over time, beta and d, with the equiangular ODE curve."""
+    from rich.console import Console
+
+    from tokenfield.meanfield.phase import PhaseDiagramConfig, SweepReport, phase_diagram, summarize
+    from tokenfield.runs import check_writable_dir
+
+    config = PhaseDiagramConfig(
+        dims=tuple(_numbers(dims, "--dims", integer=True)),
+        betas=tuple(_numbers(betas, "--betas")),
+        t_max=t_max, frames=frames, n_particles=n, n_systems=systems, delta=delta,
+        normalization=_dynamics(dynamics), time=_time(time), dt=dt,
+        pairs=pairs,  # type: ignore[arg-type]
+        seed=seed, beta_block=beta_block,
+    )  # fmt: skip
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out '{out}' is a file", "pass a directory")
+    check_writable_dir(out)
+    console = Console(stderr=as_json)
+    report = SweepReport(0, 0, "")
+    out.mkdir(parents=True, exist_ok=True)
+    with console.status("sweeping"):
+        ds = phase_diagram(
+            config, store=out / "phase_diagram.zarr",
+            executor="dask" if (dask or scheduler) else "inprocess",
+            scheduler=scheduler, n_workers=workers, overwrite=overwrite, report=report,
+        )  # fmt: skip
+    summary = summarize(ds)
+    summary["sweep"] = {
+        "tasks_run": report.tasks_run,
+        "tasks_skipped": report.tasks_skipped,
+        "executor": report.executor,
+        "scheduler": report.scheduler,
+        "workers": len(report.workers),
+    }
+    if not as_json:
+        console.print(
+            f"{report.tasks_run} tasks run, {report.tasks_skipped} resumed, on {report.executor}"
+        )
+    _emit(summary, out, "phase_diagram", as_json)
+    _figures({"phase_diagram": ds}, out, console)
+
+
+@app.command(
+    "metastability",
+    epilog="Example: tokenfield metastability --betas 2:10 --caps 3 --dim 2 --out mf/",
+)
+def metastability_command(
+    betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "2:10",
+    caps: Annotated[int, typer.Option(help="Number of separated caps k.")] = 3,
+    dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension d.")] = 2,
+    per_cap: Annotated[int, typer.Option("--per-cap", help="Particles per cap.")] = 4,
+    cap_radius: Annotated[float, typer.Option("--cap-radius", help="Cap radius (rad).")] = 0.1,
+    dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "sa",
+    time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
+    seeds: Annotated[int, typer.Option(help="Independent starts, batched.")] = 4,
+    t_cap: Annotated[float, typer.Option("--t-cap", help="Give up after this time.")] = 5000.0,
+    eps: Annotated[float, typer.Option(help="Cluster threshold.")] = 1e-2,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Directory for JSON + figures.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """First-merge times of k separated clusters against beta, and the slope of log T."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenfield.meanfield.metastability import cap_centres, metastability
+
+    values = _numbers(betas, "--betas")
+    dynamics, time = _dynamics(dynamics), _time(time)
+    if caps < 2 or per_cap < 1 or seeds < 1 or not (t_cap > 0):
+        raise UserError("need --caps >= 2, --per-cap >= 1, --seeds >= 1 and --t-cap > 0")
+    cap_centres(caps, dim)
+    out = _out_dir(out)
+    console = Console(stderr=as_json)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with console.status("simulating"):
+            result = metastability(
+                values, k=caps, dim=dim, per_cap=per_cap, cap_radius=cap_radius,
+                normalization=dynamics, time=time, seeds=seeds, eps=eps, t_cap=t_cap,
+            )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    if not as_json:
+        table = Table(title=f"first merge of {caps} caps, d = {dim}, {dynamics} ({time} time)")
+        for column in ("beta", "first merge (seeds)", "median"):
+            table.add_column(column, justify="right")
+        for b, row, med in zip(result.betas, result.merge_times, result.median_times, strict=True):
+            table.add_row(f"{b:g}", " ".join(f"{t:.3g}" for t in row), f"{med:.4g}")
+        console.print(table)
+        console.print(
+            f"slope of log T in beta: {result.slope:.3f} (log(T beta): {result.slope_corrected:.3f}); "
+            f"predicted {result.predicted_slope:.3f}"
+        )
+    _emit(result.to_dict(), out, "metastability", as_json)
+    _figures({"metastability": result}, out, console)
