@@ -120,7 +120,7 @@ def pde_vs_particles(
         beta, normalization, time: the dynamics.
         ns: particle counts.
         times: comparison times (from 0).
-        kappa: concentration of the starting bump ``e^{kappa cos theta}``.
+        kappa: concentration of the starting bump ``e^{kappa cos(theta - pi)}``.
         cells: PDE grid (the error is estimated against ``2 * cells``).
         sampling: ``"quantile"`` or ``"random"`` (then ``seeds`` runs per ``n``).
         dt: particle RK4 step.
@@ -134,10 +134,10 @@ def pde_vs_particles(
     if sampling == "quantile":
         seeds = 1
     pde = CirclePDE(beta, normalization, time=time, cells=cells)
-    rho0 = von_mises_density(cells, kappa)
+    rho0 = von_mises_density(cells, kappa, centre=math.pi)
     solution = pde.solve(rho0, times)
     fine = CirclePDE(beta, normalization, time=time, cells=2 * cells)
-    fine_solution = fine.solve(von_mises_density(2 * cells, kappa), times)
+    fine_solution = fine.solve(von_mises_density(2 * cells, kappa, centre=math.pi), times)
     pde_error = np.array(
         [density_w1(a, b) for a, b in zip(solution.density, fine_solution.density, strict=True)]
     )

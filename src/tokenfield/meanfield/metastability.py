@@ -123,7 +123,7 @@ class MetastabilityResult:
     Attributes:
         betas: ``(b,)``; merge_times: ``(b, seeds)`` (``inf``: survived ``t_cap``).
         slope, intercept: least-squares fit of ``log(median T)`` against ``beta``
-            over the betas where every seed merged.
+            over the betas where every seed merged (and ``beta >= fit_min_beta``).
         slope_corrected: the same fit for ``log(T beta)``.
         predicted_slope: ``s`` (module docstring).
         config: the settings.
@@ -171,8 +171,10 @@ def metastability(
     eps: float = 1e-2,
     t_cap: float = 5000.0,
     rtol: float = 1e-8,
+    fit_min_beta: float | None = None,
 ) -> MetastabilityResult:
-    """:func:`first_merge_times` for every ``beta`` and the fit of ``log T`` in ``beta``."""
+    """:func:`first_merge_times` for every ``beta`` and the fit of ``log T`` in ``beta``
+    (over ``beta >= fit_min_beta`` when given: the asymptotic regime)."""
     betas = np.asarray(sorted(float(b) for b in np.atleast_1d(betas)), dtype=np.float64)
     options = dict(
         k=k, dim=dim, per_cap=per_cap, cap_radius=cap_radius, normalization=normalization,
@@ -180,6 +182,8 @@ def metastability(
     )  # fmt: skip
     times = np.stack([first_merge_times(float(b), **options) for b in betas])  # (b, seeds)
     usable = np.isfinite(times).all(axis=1)
+    if fit_min_beta is not None:
+        usable &= betas >= fit_min_beta
     slope = intercept = corrected = math.nan
     if usable.sum() >= 2:
         log_t = np.log(np.median(times[usable], axis=1))
@@ -194,6 +198,7 @@ def metastability(
         predicted_slope=predicted_slope(k, dim, normalization, time),
         config={
             **options,
+            "fit_min_beta": fit_min_beta,
             "solver": {"name": "adaptive", "rtol": rtol, "atol": rtol / 100},
             "dtype": "float64",
         },

@@ -251,7 +251,11 @@ def head_inputs(model: Any, block: int, states: np.ndarray) -> tuple[np.ndarray,
     has them), ``s`` its logit scale, ``O_h`` the head's slice of the output
     projection. Rotary position codes, sliding windows and output biases are
     left out, so ``sum_j softmax_j(G^h_ij) z^h_j`` summed over heads is the
-    block's attention output for tokens that all sit at position 0.
+    block's attention output for tokens that all sit at position 0. A block
+    with a norm on the attention output (Gemma's sandwich norm) contributes its
+    diagonal gain ``g = norm(1)`` to ``O_h`` (``z^h_j -> g * O_h v^h_j``); its
+    per-token ``1 / rms`` factor, which depends on the attention weights, is
+    left out.
 
     Args:
         model: a :class:`~tokenfield.models.load.LoadedModel` of the llama family
@@ -284,4 +288,7 @@ def head_inputs(model: Any, block: int, states: np.ndarray) -> tuple[np.ndarray,
         logits = torch.einsum("ihe,jhe->hij", q, k) * float(attn.scaling)  # (H, n, n)
         out = attn.o_proj.weight.view(-1, q.shape[1], head_dim)  # (d, H, d_h)
         values = torch.einsum("jhe,dhe->hjd", v, out)  # (H, n, d)
+        if hasattr(layer, "pre_feedforward_layernorm"):  # sandwich: post-attention norm
+            gain = layer.post_attention_layernorm(torch.ones_like(x[:1]))[0]  # (d,)
+            values = values * gain
     return logits.double().cpu().numpy(), values.double().cpu().numpy()
