@@ -147,7 +147,10 @@ def test_help_explains(capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["trace", "--no-such-flag"], "No such option: --no-such-flag; see 'tokenfield trace --help'."),
+        (
+            ["trace", "--no-such-flag"],
+            "No such option: --no-such-flag; see 'tokenfield trace --help'.",
+        ),
         (["trace", "--out", "x", "--batch-size", "abc"], "Invalid value for '--batch-size'"),
         (["trace"], "Missing option '--out'"),
         (["no-such-command"], "No such command"),
