@@ -15,11 +15,19 @@ from tokenfield.cli._app import app
     epilog="Example: tokenfield report runs/categories runs/spectrum --out report.html",
 )
 def report_command(
-    runs: Annotated[list[Path], typer.Argument(help="Run directories.")],
+    runs: Annotated[list[Path] | None, typer.Argument(help="Run directories.")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path(
         "report.html"
     ),
     title: Annotated[str, typer.Option(help="Page title.")] = "tokenfield report",
+    section: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--section",
+            help="An HTML fragment to append (repeatable), e.g. the meanfield.html of "
+            "scripts/meanfield_tables.py or RUN/theory.html of 'tokenfield lens'.",
+        ),
+    ] = None,
 ) -> None:
     """Write an offline HTML report: interactive trajectories, figures and tables.
 
@@ -35,6 +43,6 @@ def report_command(
     console = Console(stderr=True)
     started = time.perf_counter()
     with console.status("writing the report"):
-        path = write_report(runs, out, title=title)
+        path = write_report(runs or [], out, title=title, sections=section or [])
     size = path.stat().st_size / 1e6
     console.print(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")

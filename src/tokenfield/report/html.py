@@ -78,13 +78,16 @@ def write_report(
     out: str | Path,
     *,
     title: str = "tokenfield report",
+    sections: Sequence[str | Path] = (),
 ) -> Path:
     """Write one self-contained, offline HTML report for the given runs.
 
     Args:
-        run_paths: one or more run directories.
+        run_paths: run directories (may be empty when ``sections`` are given).
         out: the HTML file to write (its directory is created).
         title: the page title.
+        sections: HTML fragments to append, e.g. the ``meanfield.html`` written by
+            ``scripts/meanfield_tables.py`` or the theory-lens section.
 
     Returns:
         The path written.
@@ -92,7 +95,13 @@ def write_report(
     if isinstance(run_paths, (str, Path)):
         run_paths = [run_paths]
     paths = [Path(p) for p in run_paths]
-    if not paths:
+    fragments = []
+    for section in sections:
+        section = Path(section)
+        if not section.is_file():
+            raise UserError(f"section file '{section}' does not exist", "check the path")
+        fragments.append(section.read_text(encoding="utf-8"))
+    if not paths and not fragments:
         raise UserError("no runs given", "pass one or more run directories")
     out = Path(out)
     if out.is_dir():
@@ -102,7 +111,7 @@ def write_report(
         read_run_info(path)  # a clear error before any work
     from plotly.offline import get_plotlyjs
 
-    sections = [_run_section(path, i) for i, path in enumerate(paths)]
+    run_sections = [_run_section(path, i) for i, path in enumerate(paths)]
     nav = "".join(
         f'<a href="#run-{i}">{html.escape(path.name or str(path))}</a>'
         for i, path in enumerate(paths)
@@ -116,7 +125,8 @@ def write_report(
         f'<script type="text/javascript">{get_plotlyjs()}</script>'
         "</head><body>"
         f"<h1>{html.escape(title)}</h1><p>Generated {now} for {len(paths)} run(s).</p>"
-        f"<nav>{nav}</nav>{NOTES}{''.join(sections)}</body></html>\n"
+        f"<nav>{nav}</nav>{NOTES if paths else ''}{''.join(run_sections)}"
+        f"{''.join(fragments)}</body></html>\n"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
