@@ -8,7 +8,7 @@ from tokenfield.report.html import write_report
 
 
 def test_sections_are_appended_and_sections_alone_are_enough(tmp_path):
-    run = write_run(tmp_path / "run", split_groups())
+    run = write_run(tmp_path / "run", split_groups()[0])
     fragment = tmp_path / "mf.html"
     fragment.write_text("<section><h2>Mean-field theory</h2><p>k_max = 4</p></section>")
     page = write_report([run], tmp_path / "r.html", sections=[fragment]).read_text()
