@@ -2,13 +2,13 @@
 
 import pytest
 
-from tests.unit.synthetic_trajectories import split_groups, write_run
+from tests.unit.synthetic_trajectories import split_groups, trace_dataset, write_run
 from tokenfield.errors import UserError
 from tokenfield.report.html import write_report
 
 
 def test_sections_are_appended_and_sections_alone_are_enough(tmp_path):
-    run = write_run(tmp_path / "run", split_groups()[0])
+    run = write_run(tmp_path / "run", trace_dataset(*split_groups()))
     fragment = tmp_path / "mf.html"
     fragment.write_text("<section><h2>Mean-field theory</h2><p>k_max = 4</p></section>")
     page = write_report([run], tmp_path / "r.html", sections=[fragment]).read_text()
