@@ -41,6 +41,9 @@ RUN_JSON = "run.json"
 TRAJECTORY = "trajectory.zarr"
 METRICS_JSON = "metrics.json"
 FIGURES = "figures"
+# Everything tokenfield derives from a run and keeps inside it: --overwrite removes
+# these (and only these, so a user's own files in the directory are never touched).
+DERIVED = (METRICS_JSON, FIGURES, "projection.npz", "theory.json", "theory.html")
 CONFIG_ATTR = "tokenfield_config"
 
 RunKind = Literal["trace", "simulation"]
@@ -263,7 +266,7 @@ class RunWriter:
         return self.info.complete
 
     def _clear(self) -> None:
-        for name in (TRAJECTORY, RUN_JSON, METRICS_JSON, FIGURES):
+        for name in (TRAJECTORY, RUN_JSON, *DERIVED):
             target = self.path / name
             if target.is_dir():
                 shutil.rmtree(target)

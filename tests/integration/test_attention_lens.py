@@ -68,6 +68,11 @@ def test_cli_writes_every_section_and_figure(runs, capsys):
         assert f"theory_{name}.png" in figures
     html = theory_html_section(theory)
     assert "mean cos (sim)" in html and html.count("<tr>") == layers + 2
+    fragment = (runs / "model" / "theory.html").read_text()
+    assert fragment.startswith("<section>") and "R^2 (own heads)" not in fragment
+    out_html = runs / "report.html"
+    main(["report", "--section", str(runs / "model" / "theory.html"), "--out", str(out_html)])
+    assert "mean cos (sim)" in out_html.read_text()
     out = capsys.readouterr()
     assert "wrote" in out.err
 

@@ -112,3 +112,14 @@ def test_atomic_json_has_the_usual_mode(tmp_path):
     finally:
         os.umask(previous)
     assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_overwrite_removes_derived_files_and_keeps_the_users(tmp_path):
+    run = tmp_path / "r"
+    RunWriter(run, "trace", {"a": 1}, append_dim="particle").append(piece(0, 1), done=1)
+    for name in ("metrics.json", "theory.json", "theory.html", "projection.npz"):
+        (run / name).write_text("stale")
+    (run / "figures").mkdir()
+    (run / "notes.txt").write_text("mine")
+    RunWriter(run, "trace", {"a": 2}, append_dim="particle", overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "run.json"]

@@ -24,7 +24,9 @@ without categories has no probes, ...) are skipped with a note saying why.
 
 from __future__ import annotations
 
+import html
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from tokenfield.errors import UserError
 from tokenfield.runs import FIGURES, open_run, read_run_info, write_json_atomic
 
 __all__ = [
+    "THEORY_HTML",
     "THEORY_JSON",
     "TheoryLens",
     "model_of_run",
@@ -56,6 +59,7 @@ __all__ = [
 ]
 
 THEORY_JSON = "theory.json"
+THEORY_HTML = "theory.html"
 
 
 @dataclass(frozen=True)
@@ -202,9 +206,7 @@ def simulate_from_run(
     from tokenfield.particles.integrate import simulate
 
     layers = ds.sizes["time"] - 1
-    # beta = 0 with a causal mask gives NaN in the simulator's SDPA kernel (scale 0
-    # times the -inf mask); 1e-9 is beta = 0 to every digit that matters.
-    dynamics = Dynamics(beta=max(beta, 1e-9) if causal else beta, causal=causal)
+    dynamics = Dynamics(beta=beta, causal=causal)
     frames, groups = [], []
     for prompt in np.unique(ds["prompt_index"].values):
         x0 = initial_condition(f"run:{run}", None, None, prompt_index=int(prompt))
@@ -323,13 +325,21 @@ def theory_lens(
 
 
 def write_theory(run: str | Path, result: TheoryLens, *, figures: bool = True) -> Path:
-    """Write ``RUN/theory.json`` and (with ``figures``) ``RUN/figures/theory_*.png``."""
+    """Write ``RUN/theory.json``, the report fragment ``RUN/theory.html``
+    (``tokenfield report --section RUN/theory.html``) and, with ``figures``,
+    ``RUN/figures/theory_*.png``. Returns the JSON path."""
+    from tokenfield.viz.theory import theory_html_section, write_theory_figures
+
     run = Path(run)
     target = run / THEORY_JSON
-    write_json_atomic(target, _finite(result.to_json()))
+    data = _finite(result.to_json())
+    write_json_atomic(target, data)
+    title = f"<h2>{html.escape(run.name or str(run))}: through the lens of the theory</h2>"
+    fragment = f"<section>{title}{theory_html_section(data)}</section>\n"
+    tmp = run / f".{THEORY_HTML}.tmp"
+    tmp.write_text(fragment, encoding="utf-8")
+    os.replace(tmp, run / THEORY_HTML)
     if figures:
-        from tokenfield.viz.theory import write_theory_figures
-
         write_theory_figures(result, run / FIGURES)
     return target
 

@@ -87,7 +87,12 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, causal
         q, k = F.pad(q, (0, pad_qk)), F.pad(k, (0, pad_qk))
     if pad_v:
         v = F.pad(v, (0, pad_v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=float(beta))
+    scale = float(beta)
+    if scale == 0.0:
+        # torch's fused kernel returns NaN for scale = 0 with a causal mask; zero
+        # queries with scale 1 give the same (uniform over allowed keys) weights.
+        q, scale = torch.zeros_like(q), 1.0
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     return out[..., :width].reshape(shape)
 
 

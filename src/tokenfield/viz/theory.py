@@ -313,7 +313,7 @@ def theory_html_section(theory: dict[str, Any]) -> str:
         rows.append(f"<tr><td>{t}</td>{''.join(cells)}</tr>")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in theory.get("notes", []))
     return (
-        "<h3>Through the lens of the theory</h3>"
+        "<h3>By layer</h3>"
         "<p class='note'>Rows are layers (time); beta, R^2 and the attention columns in row l "
         "describe block l, the update from time l to l + 1.</p>"
         f"<div class='scroll'><table><tr><th>layer</th>{head}</tr>{''.join(rows)}</table></div>"
