@@ -5,18 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import xarray as xr
 
 from tokenfield.cli import main
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _run(argv):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from tokenfield.errors import UserError
 from tokenfield.meanfield.metastability import (
@@ -13,14 +12,6 @@ from tokenfield.meanfield.metastability import (
     metastability,
     predicted_slope,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_metastability_merge_time_grows_with_beta():

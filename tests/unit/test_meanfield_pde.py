@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from tokenfield.errors import UserError
 from tokenfield.meanfield.convergence import pde_vs_particles
@@ -29,14 +28,6 @@ TOL = {
     "linear_rate": 2e-5,  # PDE growth of a small mode vs lambda_k (relative; SSP-RK3 error)
 }
 TWO_PI = 2 * math.pi
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _density(t):

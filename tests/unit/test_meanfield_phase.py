@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 import xarray as xr
 from scipy.integrate import solve_ivp
 
@@ -24,14 +23,6 @@ from tokenfield.meanfield.phase import (
 TINY = PhaseDiagramConfig(
     dims=(2, 6), betas=(0.0, 1.0, 3.0), t_max=4.0, frames=9, n_particles=6, n_systems=3, dt=0.1
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("normalization", ["sa", "usa"])

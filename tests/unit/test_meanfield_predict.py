@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from tokenfield.meanfield.predict import (
     first_plateau,
@@ -22,14 +21,6 @@ TOL = {
     # growing modes, which grow at twice the top rate)
     "growth_rate": 1e-4,
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_fourier_amplitudes_of_equispaced_points():

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from scipy.integrate import quad
 from scipy.special import eval_gegenbauer, iv
 
@@ -34,14 +33,6 @@ TOL = {
     "funk_hecke": 1e-10,  # closed form vs 1-D quadrature
     "quadrature_jacobian": 1e-10,  # J grad Y_l = lambda_l grad Y_l on an exact sphere quadrature
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("normalization", ["usa", "sa"])

@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 import xarray as xr
 
 from tokenfield.analysis import _frames
@@ -190,11 +189,3 @@ def test_simulation_figures(tmp_path):
         write_simulation_figures(
             analyze_simulation(sim), sim, tmp_path / f"d{d}", formats=("png",), gif=d == 5
         )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -19,16 +19,6 @@ from tokenfield.particles.kernels import (
     attention_dense,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny systems run faster (and steadier on a shared machine) on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # Tolerances in one table.
 TOL = {
     "kernel": 1e-12,  # fused kernel vs dense n x n reference (float64)

@@ -25,14 +25,6 @@ TOL = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _final(dyn, x0, dt, solver, t_max=1.0):
     ds = simulate(dyn, x0, t_max=t_max, dt=dt, solver=solver, saveat=SaveAt(times=[t_max]))
     return ds.states.values[-1]

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from tokenfield._progress import ProgressBar
 from tokenfield.errors import UserError
 from tokenfield.models.attention import AttentionCapture, capture_attention, eager_attention
 from tokenfield.models.capture import capture_residual, logit_lens
@@ -341,7 +342,9 @@ def trace(
     start = writer.done if writer else 0
     particles = int(writer.info.progress.get("size", 0)) if writer else 0
     pieces: list[xr.Dataset] = []
-    bar = _progress(progress, f"tracing {model.name}", len(encoded), start)
+    bar = ProgressBar(
+        f"tracing {model.name}", len(encoded), enabled=progress, completed=start, unit="prompts"
+    )
     with contextlib.ExitStack() as stack:
         stack.enter_context(bar)
         capture = stack.enter_context(capture_residual(model.sites))
@@ -400,52 +403,3 @@ def trace(
         "run": {"kind": "trace", "status": "complete", "config": config},
     }
     return result
-
-
-class _NoBar:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def advance(self, n: int) -> None:
-        pass
-
-
-class _Bar:
-    def __init__(self, label: str, total: int, completed: int):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("prompts"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            transient=False,
-        )
-        self.task = self.progress.add_task(label, total=total, completed=completed)
-
-    def __enter__(self):
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.progress.stop()
-        return False
-
-    def advance(self, n: int) -> None:
-        self.progress.advance(self.task, n)
-
-
-def _progress(enabled: bool, label: str, total: int, completed: int) -> _NoBar | _Bar:
-    return _Bar(label, total, completed) if enabled else _NoBar()

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from tokenfield._progress import ProgressBar
 from tokenfield.steering.generate import greedy_continuations, next_token_logprobs
 from tokenfield.steering.hooks import steering
 from tokenfield.steering.vectors import SteeringVector, random_control
@@ -107,7 +108,7 @@ def closed_loop(
     base_pcs = project(base["ds"], frame).values[..., :2]
     conditions = [("steer", vector), ("control", control)]
     total = len(conditions) * len(alphas)
-    bar = _bar(progress, total)
+    bar = ProgressBar("steering", total, enabled=progress, unit="conditions")
     with bar:
         for name, direction in conditions:
             for alpha in alphas:
@@ -132,8 +133,7 @@ def closed_loop(
                     }
                 )
                 paths[name][str(float(alpha))] = project(got["ds"], frame).values[..., :2].tolist()
-                if bar:
-                    bar.advance()
+                bar.advance()
     reference = project(last, frame).values[..., :2]
     return {
         "source": source,
@@ -155,40 +155,3 @@ def closed_loop(
         },
         "explained_variance_ratio": np.asarray(frame.explained_variance_ratio).tolist()[:2],
     }
-
-
-class _Bar:
-    def __init__(self, total: int):
-        from rich.progress import Progress
-
-        self.progress = Progress(transient=False)
-        self.task = self.progress.add_task("steering", total=total)
-
-    def __enter__(self):
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.progress.stop()
-        return False
-
-    def __bool__(self) -> bool:
-        return True
-
-    def advance(self) -> None:
-        self.progress.advance(self.task)
-
-
-class _NoBar:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def __bool__(self) -> bool:
-        return False
-
-
-def _bar(enabled: bool, total: int) -> _Bar | _NoBar:
-    return _Bar(total) if enabled else _NoBar()

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenfield._progress import ProgressBar
 from tokenfield.errors import UserError
 from tokenfield.prompts import Prompt
 from tokenfield.steering.generate import greedy_continuations
@@ -104,7 +105,7 @@ def evaluate_steering(
     maths = [p.text for p in prompts(test_set, "math")]
 
     steps = 2 + 2 * len(layers) * len(alphas)
-    bar = _Progress(progress, steps)
+    bar = ProgressBar("evaluating", steps, enabled=progress, unit="passes")
 
     def answer(
         texts: Sequence[str], states: list[list[Any]] | None = None
@@ -196,27 +197,3 @@ def evaluate_steering(
         "rows": rows,
         "examples": examples,
     }
-
-
-class _Progress:
-    def __init__(self, enabled: bool, total: int):
-        self.enabled = enabled
-        self.total = total
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import Progress
-
-            self.progress = Progress(transient=False)
-            self.task = self.progress.add_task("evaluating", total=self.total)
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.progress.stop()
-        return False
-
-    def advance(self) -> None:
-        if self.enabled:
-            self.progress.advance(self.task)
