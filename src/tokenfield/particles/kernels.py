@@ -42,6 +42,7 @@ matrix; the tests check the fast kernel against it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -96,6 +97,27 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, causal
     return out[..., :width].reshape(shape)
 
 
+def _score_blocks(
+    q: torch.Tensor, k: torch.Tensor, beta: float, causal: bool, chunk_size: int | None
+) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+    """Blocks of query rows with their scores ``beta <q_i, k_j>`` (masked ``-inf``
+    for ``j > i`` when causal): ``(start, stop, stop_key, scores (..., c, m))``.
+    Memory ``O(chunk * n)``; no full score matrix."""
+    n = q.shape[-2]
+    rows = _chunk_rows(q, k.shape[-2], chunk_size)
+    key_t = k.transpose(-1, -2)  # (..., e, n)
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        stop_key = stop if causal else k.shape[-2]  # causal rows never see later keys
+        scores = torch.matmul(q[..., start:stop, :], key_t[..., :stop_key])  # (..., c, m)
+        scores.mul_(beta)
+        if causal:
+            i = torch.arange(start, stop, device=q.device).unsqueeze(-1)
+            j = torch.arange(stop_key, device=q.device)
+            scores.masked_fill_(j > i, float("-inf"))
+        yield start, stop, stop_key, scores
+
+
 def attention_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -110,18 +132,8 @@ def attention_chunked(
     """The same as :func:`attention`, one block of queries at a time in plain torch
     (memory ``O(chunk * n)``); the fallback where no fused kernel exists."""
     n = q.shape[-2]
-    rows = _chunk_rows(q, k.shape[-2], chunk_size)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # (..., n, e)
-    key_t = k.transpose(-1, -2)  # (..., e, n)
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        stop_key = stop if causal else k.shape[-2]
-        scores = torch.matmul(q[..., start:stop, :], key_t[..., :stop_key])  # (..., c, m)
-        scores.mul_(beta)
-        if causal:
-            i = torch.arange(start, stop, device=q.device).unsqueeze(-1)
-            j = torch.arange(stop_key, device=q.device)
-            scores.masked_fill_(j > i, float("-inf"))
+    for start, stop, stop_key, scores in _score_blocks(q, k, beta, causal, chunk_size):
         if normalization == "sa":
             weights = torch.softmax(scores, dim=-1)
         else:
@@ -149,19 +161,8 @@ def log_partition(
     Returns:
         ``(..., n)``.
     """
-    n = q.shape[-2]
-    rows = _chunk_rows(q, k.shape[-2], chunk_size)
     out = q.new_empty(q.shape[:-1])
-    key_t = k.transpose(-1, -2)  # (..., e, n)
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        stop_key = stop if causal else k.shape[-2]
-        scores = torch.matmul(q[..., start:stop, :], key_t[..., :stop_key])  # (..., c, m)
-        scores.mul_(beta)
-        if causal:
-            i = torch.arange(start, stop, device=q.device).unsqueeze(-1)
-            j = torch.arange(stop_key, device=q.device)
-            scores.masked_fill_(j > i, float("-inf"))
+    for start, stop, _stop_key, scores in _score_blocks(q, k, beta, causal, chunk_size):
         # in place: max, shift, exp, sum (faster than torch.logsumexp's copies);
         # the row max is finite because j = i is never masked
         peak = scores.amax(dim=-1, keepdim=True)  # (..., c, 1)
