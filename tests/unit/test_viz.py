@@ -54,7 +54,7 @@ def test_write_figures_writes_png_svg_and_gif(result, tmp_path):
         assert image.size == (8 * DPI, 6 * DPI)
     assert (tmp_path / "speed.svg").read_text().lstrip().startswith("<?xml")
     with Image.open(tmp_path / GIF_NAME) as gif:
-        assert gif.n_frames == 8  # one frame per layer
+        assert gif.n_frames == 7  # one frame per layer, times 0..L-1 (the seed convention)
         assert gif.size == (560, 420)
 
 

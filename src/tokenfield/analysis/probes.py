@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from tokenfield.analysis.nulls import max_null_pvalues
 from tokenfield.errors import UserError
 
 __all__ = ["ProbeCurve", "pooled_features", "last_token_features", "probe_accuracy"]
@@ -47,6 +48,9 @@ class ProbeCurve:
         null_mean: ``(T,)`` mean accuracy with shuffled labels.
         null_high: ``(T,)`` its 95th percentile.
         p_value: ``(T,)`` ``(1 + #{null >= accuracy}) / (1 + permutations)``.
+        p_corrected: ``(T,)`` the same against each shuffle's best accuracy over
+            all times: the p-value of a probe layer chosen as the best one
+            (:func:`tokenfield.analysis.nulls.max_null_pvalues`).
         chance: the majority-class rate.
         cv: ``"5-fold"`` or ``"leave-one-out"``.
         permutations: shuffles in the null.
@@ -57,9 +61,27 @@ class ProbeCurve:
     null_mean: np.ndarray
     null_high: np.ndarray
     p_value: np.ndarray
+    p_corrected: np.ndarray
     chance: float
     cv: str
     permutations: int
+
+    def best(self) -> dict[str, Any]:
+        """The time with the best accuracy, its accuracy and both p-values, and
+        whether "the category is decodable" holds on the corrected p-value."""
+        from tokenfield.analysis.nulls import claim_status
+
+        if not np.isfinite(self.accuracy).any():
+            return {"time": None, "accuracy": None, "p": None, "p_corrected": None,
+                    "claim": "not supported"}  # fmt: skip
+        i = int(np.nanargmax(self.accuracy))
+        return {
+            "time": self.time[i].item(),
+            "accuracy": float(self.accuracy[i]),
+            "p": float(self.p_value[i]),
+            "p_corrected": float(self.p_corrected[i]),
+            "claim": claim_status(float(self.p_corrected[i])),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +90,8 @@ class ProbeCurve:
             "null_mean": self.null_mean.tolist(),
             "null_high": self.null_high.tolist(),
             "p_value": self.p_value.tolist(),
+            "p_corrected": self.p_corrected.tolist(),
+            "best": self.best(),
             "chance": self.chance,
             "cv": self.cv,
             "permutations": self.permutations,
@@ -144,21 +168,24 @@ def probe_accuracy(
     splits, cv = _folds(labels, folds, seed)
     rng = np.random.default_rng(seed)
     shuffles = [rng.permutation(labels) for _ in range(permutations)]
-    accuracy, null_mean, null_high, p_value = [], [], [], []
+    accuracy, null_mean, null_high = [], [], []
+    nulls = np.full((permutations, x.shape[0]), np.nan)
     for t in range(x.shape[0]):
         z = _prepare(x[t])
         score = _cv_accuracy(z, labels, splits, c)
         null = np.array([_cv_accuracy(z, shuffled, splits, c) for shuffled in shuffles])
+        nulls[:, t] = null
         accuracy.append(score)
         null_mean.append(float(null.mean()) if null.size else float("nan"))
         null_high.append(float(np.quantile(null, 0.95)) if null.size else float("nan"))
-        p_value.append(float((1 + (null >= score).sum()) / (1 + null.size)))
+    pvalues = max_null_pvalues(np.array(accuracy), nulls)
     return ProbeCurve(
         time=np.arange(x.shape[0]) if time is None else np.asarray(time),
         accuracy=np.array(accuracy),
         null_mean=np.array(null_mean),
         null_high=np.array(null_high),
-        p_value=np.array(p_value),
+        p_value=np.nan_to_num(pvalues.p, nan=1.0),
+        p_corrected=pvalues.p_corrected,
         chance=float(counts.max() / labels.size),
         cv=cv,
         permutations=permutations,

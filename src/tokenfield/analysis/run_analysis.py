@@ -18,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from tokenfield.analysis.kinematics import kinematics
+from tokenfield.analysis.nulls import ALPHA, claim_status
 from tokenfield.analysis.projection import (
     PROJECTION_NPZ,
     DepthOrdering,
@@ -50,6 +51,36 @@ def select_particles(ds: xr.Dataset, which: str = "last") -> xr.Dataset:
         mask = np.asarray(ds["is_last"].values, dtype=bool)
         if mask.any() and not mask.all():
             return ds.isel(particle=np.flatnonzero(mask))
+    return ds
+
+
+TIME_CONVENTIONS = ("seed", "all")
+
+
+def is_trace(ds: xr.Dataset) -> bool:
+    """Whether a trajectory is a traced model (its time axis is depth), not a simulation."""
+    kind = (ds.attrs.get("run", {}) or {}).get("kind")
+    return kind == "trace" if kind else "prompt" in ds.coords
+
+
+def select_times(ds: xr.Dataset, times: str = "seed") -> xr.Dataset:
+    """The time steps an analysis uses: a named choice, recorded in metrics.json.
+
+    A trace holds times ``0 .. L``: the input of block 0 (the embedding) and the
+    raw output of each of the ``L`` blocks (the final norm is kept apart).
+
+    - ``"seed"``: times ``0 .. L-1``, exactly the seed experiment's
+      ``hidden_states[:-1]``. In Hugging Face transformers the last entry of
+      ``hidden_states`` is the *final-normed* output of the last block, so
+      dropping it also dropped the raw output of the last block (time ``L``).
+    - ``"all"``: times ``0 .. L``.
+
+    Simulations have no such convention: every saved time is used either way.
+    """
+    if times not in TIME_CONVENTIONS:
+        raise UserError(f"unknown time convention '{times}'", "use 'seed' or 'all'")
+    if times == "seed" and is_trace(ds) and ds.sizes.get("time", 0) > 2:
+        return ds.isel(time=slice(0, -1))
     return ds
 
 
@@ -97,6 +128,7 @@ class RunAnalysis:
     pcs: xr.DataArray
     depth: DepthOrdering
     kinematics: xr.Dataset
+    depth_by_times: dict[str, DepthOrdering] = field(default_factory=dict)
     separation: xr.Dataset | None = None
     bifurcation: xr.Dataset | None = None
     centroids: xr.DataArray | None = None
@@ -123,6 +155,7 @@ def analyze(
     margin: float = 0.25,
     frame: Projection | None = None,
     n_layers_shown: int = 4,
+    times: str = "seed",
 ) -> RunAnalysis:
     """Analyse a trajectory (a trace or a simulation) without writing anything.
 
@@ -140,6 +173,10 @@ def analyze(
         frame: project into this frame instead of fitting one (e.g. a
             reference run's ``projection.npz``).
         n_layers_shown: how many time steps the centroid tables show.
+        times: which time steps enter the analysis, ``"seed"`` (a trace's
+            times ``0 .. L-1``, as the seed experiment) or ``"all"``
+            (``0 .. L``); see :func:`select_times`. The depth ordering is also
+            reported under the other convention (``depth_by_times``).
     """
     if "states" not in ds:
         raise UserError("the trajectory has no 'states' variable", "pass a tokenfield run")
@@ -150,12 +187,26 @@ def analyze(
         system = 0
         ds = ds.isel(system=0)
     # read the selected particles once: every measure below walks the states again
-    selected = select_particles(ds, particles).load()
+    every_time = select_particles(ds, particles).load()
+    selected = select_times(every_time, times)
+    fitted_here = frame is None
     if frame is None:
         frame = fit_projection(selected, sphere=sphere)
     pcs = project(selected, frame)
+    depth = depth_ordering(pcs)
+    depth_by_times: dict[str, DepthOrdering] = {}
+    time_convention = times if is_trace(ds) else "all"
+    if is_trace(ds):
+        depth_by_times[times] = depth
+        for other in TIME_CONVENTIONS:
+            if other != times and fitted_here:
+                subset = select_times(every_time, other)
+                depth_by_times[other] = depth_ordering(
+                    project(subset, fit_projection(subset, sphere=sphere))
+                )
     times = np.asarray(selected["time"].values)
     options = {
+        "times": time_convention,
         "sphere": frame.sphere,
         "per_layer": per_layer,
         "seed": seed,
@@ -180,7 +231,8 @@ def analyze(
         options=options,
         frame=frame,
         pcs=pcs,
-        depth=depth_ordering(pcs),
+        depth=depth,
+        depth_by_times=depth_by_times,
         kinematics=kinematics(selected, pcs if not frame.per_layer else None),
         layers=pick_layers(times, n_layers_shown),
     )
@@ -213,6 +265,7 @@ def analyze(
             particles=particles,
             margin=margin,
             n_layers_shown=n_layers_shown,
+            times=time_convention,
         )
     return result
 
@@ -234,11 +287,17 @@ def _metrics(result: RunAnalysis) -> dict[str, Any]:
             **result.frame.options(),
             "explained_variance_ratio": result.frame.explained_variance_ratio,
             "file": PROJECTION_NPZ,
+            "time_convention": result.options.get("times", "all"),
+            "times": result.pcs["time"].values,
         },
         "depth_ordering": {
             "component": result.depth.component,
             "overall_spearman": result.depth.overall,
             "median_spearman": result.depth.median,
+            "by_times": {
+                name: {"overall_spearman": d.overall, "median_spearman": d.median}
+                for name, d in result.depth_by_times.items()
+            },
         },
         "kinematics": {
             "step": steps,
@@ -270,15 +329,19 @@ def _metrics(result: RunAnalysis) -> dict[str, Any]:
     sep = result.separation
     if sep is not None:
         best = int(np.argmax(np.nan_to_num(sep["silhouette"].values, nan=-np.inf)))
+        names = ("silhouette", "silhouette_null_high", "silhouette_p", "silhouette_p_corrected")
+        names += ("ratio", "ratio_p", "ratio_p_corrected")
+        corrected = sep["silhouette_p_corrected"].values[best]
         metrics["separation"] = {
             **sep.attrs,
             "time": sep["time"].values,
             **{name: sep[name].values for name in sep.data_vars},
-            "best": {
-                name: sep[name].values[best]
-                for name in ("silhouette", "silhouette_null_high", "silhouette_p", "ratio")
-            }
-            | {"time": sep["time"].values[best]},
+            "best": {name: sep[name].values[best] for name in names}
+            | {
+                "time": sep["time"].values[best],
+                "claim": claim_status(float(corrected)),
+                "alpha": ALPHA,
+            },
         }
     if result.centroids is not None:
         cent = result.centroids
@@ -387,8 +450,18 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str | None]]:
         if ratio:
             out["explained variance PC1 / PC2"] = " / ".join(_fmt(r, "{:.1%}") for r in ratio[:2])
         depth = m.get("depth_ordering", {})
-        out[f"Spearman(PC1, {step}) overall"] = _fmt(depth.get("overall_spearman"))
-        out[f"Spearman(PC1, {step}) median per {unit}"] = _fmt(depth.get("median_spearman"))
+        by_times = depth.get("by_times") or {}
+        if len(by_times) > 1:
+            for name in ("seed", "all"):
+                if name in by_times:
+                    label = "0..L-1, as the seed" if name == "seed" else "0..L"
+                    out[f"Spearman(PC1, {step}) overall / median, {step}s {label}"] = (
+                        f"{_fmt(by_times[name].get('overall_spearman'))} / "
+                        f"{_fmt(by_times[name].get('median_spearman'))}"
+                    )
+        else:
+            out[f"Spearman(PC1, {step}) overall"] = _fmt(depth.get("overall_spearman"))
+            out[f"Spearman(PC1, {step}) median per {unit}"] = _fmt(depth.get("median_spearman"))
         kin = m.get("kinematics", {})
         out[f"most common fastest {step} (relative step)"] = _fmt(
             kin.get("most_common_fastest_relative_step"), "{}"
@@ -405,6 +478,11 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str | None]]:
             out[f"  null 97.5% / p at that {step}"] = (
                 f"{_fmt(best['silhouette_null_high'])} / {_fmt(best['silhouette_p'], '{:.3g}')}"
             )
+            if best.get("silhouette_p_corrected") is not None:
+                out[f"  p corrected for the best of {sep_len(sep)} {step}s"] = (
+                    f"{_fmt(best['silhouette_p_corrected'], '{:.3g}')}: categories separate: "
+                    f"{best.get('claim') or claim_status(best['silhouette_p_corrected'])}"
+                )
         bif = m.get("bifurcation")
         if bif:
             out["prompts that leave their category"] = str(bif.get("n_left_category"))
@@ -417,6 +495,11 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str | None]]:
     main = rows_of(metrics)
     base = rows_of(metrics["baseline"]) if metrics.get("baseline") else None
     return [(name, value, base.get(name) if base else None) for name, value in main.items()]
+
+
+def sep_len(sep: dict[str, Any]) -> int:
+    """How many time steps the best separation was chosen from."""
+    return len(sep.get("time") or [])
 
 
 def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
@@ -438,6 +521,7 @@ def analyze_run(
     n_permutations: int = 200,
     particles: str = "last",
     figures: bool = True,
+    times: str = "seed",
 ) -> dict[str, Any]:
     """Analyse a run directory and write ``metrics.json``, ``projection.npz`` and
     ``figures/`` into it. Simulated runs also get the simulation analysis.
@@ -445,7 +529,7 @@ def analyze_run(
     Args:
         path: the run directory.
         baseline: a baseline run (directory or Dataset), analysed side by side.
-        sphere, per_layer, seed, n_permutations, particles: see :func:`analyze`.
+        sphere, per_layer, seed, n_permutations, particles, times: see :func:`analyze`.
         figures: also draw the figures (PNG and SVG, and an animated GIF).
 
     Returns:
@@ -464,6 +548,7 @@ def analyze_run(
         seed=seed,
         n_permutations=n_permutations,
         particles=particles,
+        times=times,
     )
     if result.info["kind"] == "simulation":
         from tokenfield.analysis.simulation import analyze_simulation

@@ -10,7 +10,9 @@ A category's centroid at a time step is the mean of its members' unit vectors,
 
 Every separation score comes with its chance level: the same score computed
 with the category labels shuffled (``n_permutations`` seeded permutations, the
-same ones at every time step).
+same ones at every time step), and with a p-value corrected for picking the
+best time step (the maximum over time steps of each shuffle:
+:mod:`tokenfield.analysis.nulls`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
+from tokenfield.analysis.nulls import max_null_pvalues
 from tokenfield.errors import UserError
 
 # distances below this are rounding noise (identical directions)
@@ -133,8 +136,11 @@ def separation(
 
     For each score, ``<score>_null_mean``, ``<score>_null_low`` and
     ``<score>_null_high`` (the ``null_quantiles`` of the shuffled-label scores)
-    and ``<score>_p`` (the permutation p-value ``(1 + #{null >= observed}) /
-    (1 + n_permutations)``).
+    ``<score>_p`` (the permutation p-value ``(1 + #{null >= observed}) /
+    (1 + n_permutations)``) and ``<score>_p_corrected`` (the same count against
+    each shuffle's maximum over all time steps: the p-value to quote for a
+    time step chosen because its score is the best; see
+    :func:`tokenfield.analysis.nulls.max_null_pvalues`).
 
     Args:
         ds: a trajectory with ``states`` (time, particle, feature).
@@ -167,8 +173,11 @@ def separation(
     n_time = unit.shape[0]
     result: dict[str, np.ndarray] = {}
     for score in ("silhouette", "ratio"):
-        for suffix in ("", "_null_mean", "_null_low", "_null_high", "_p"):
+        for suffix in ("", "_null_mean", "_null_low", "_null_high", "_p", "_p_corrected"):
             result[score + suffix] = np.full(n_time, np.nan)
+    null_grid = {
+        score: np.full((len(shuffled), n_time), np.nan) for score in ("silhouette", "ratio")
+    }
     for t in range(n_time):
         dist = cosine_distance_matrix(unit[t])
         if np.all(dist < _DISTANCE_FLOOR):
@@ -185,6 +194,7 @@ def separation(
         }
         for score, value in observed.items():
             result[score][t] = value
+            null_grid[score][:, t] = nulls[score]
             null = nulls[score][np.isfinite(nulls[score])]
             if len(null) == 0:
                 continue
@@ -192,8 +202,10 @@ def separation(
             low, high = np.quantile(null, null_quantiles)
             result[score + "_null_low"][t] = low
             result[score + "_null_high"][t] = high
-            if np.isfinite(value):
-                result[score + "_p"][t] = (1 + np.sum(null >= value)) / (1 + len(null))
+    for score in ("silhouette", "ratio"):
+        pvalues = max_null_pvalues(result[score], null_grid[score])
+        result[score + "_p"] = pvalues.p
+        result[score + "_p_corrected"] = pvalues.p_corrected
     out = xr.Dataset(
         {name: ("time", values) for name, values in result.items()},
         coords={"time": ds["time"].values},

@@ -45,6 +45,18 @@ def analyze_command(
     figures: Annotated[
         bool, typer.Option("--figures/--no-figures", help="Draw the figures.")
     ] = True,
+    times: Annotated[
+        str,
+        typer.Option(
+            "--times",
+            help=(
+                "Which layers of a trace enter the analysis. 'seed': times 0..L-1 (the embedding "
+                "and blocks 1..L-1), exactly what the seed experiment's hidden_states[:-1] held; "
+                "'all': times 0..L (also the raw output of the last block). PC1-vs-depth is "
+                "reported under both either way."
+            ),
+        ),
+    ] = "seed",
 ) -> None:
     """Measure a run: PCA paths, depth ordering, speed, separation, bifurcations.
 
@@ -57,8 +69,11 @@ def analyze_command(
     from rich.table import Table
 
     from tokenfield.analysis.run_analysis import analyze_run, summary_rows
+    from tokenfield.errors import UserError
     from tokenfield.runs import read_run_info
 
+    if times not in ("seed", "all"):
+        raise UserError(f"unknown --times '{times}'", "use --times seed or --times all")
     read_run_info(run)  # a missing or damaged run fails here, before any work
     if baseline is not None:
         read_run_info(baseline)
@@ -74,6 +89,7 @@ def analyze_command(
             n_permutations=permutations,
             particles=particles,
             figures=figures,
+            times=times,
         )
     table = Table(title=f"{run}  ({metrics['info']['kind']})")
     table.add_column("measure")

@@ -150,3 +150,7 @@ def _summary(console, result) -> None:
     if result.lens is not None:
         row("logit lens top-1", result.lens.top1)
     console.print(table)
+    from tokenfield.viz.theory import probe_claim
+
+    for name, curve in result.probes.items():
+        console.print(probe_claim(name, curve.to_dict()))

@@ -312,10 +312,31 @@ def theory_html_section(theory: dict[str, Any]) -> str:
             )
         rows.append(f"<tr><td>{t}</td>{''.join(cells)}</tr>")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in theory.get("notes", []))
+    claims = "".join(
+        f"<li>{html.escape(probe_claim(name, curve))}</li>"
+        for name, curve in (theory.get("probes") or {}).items()
+    )
     return (
         "<h3>By layer</h3>"
         "<p class='note'>Rows are layers (time); beta, R^2 and the attention columns in row l "
         "describe block l, the update from time l to l + 1.</p>"
         f"<div class='scroll'><table><tr><th>layer</th>{head}</tr>{''.join(rows)}</table></div>"
+        + (f"<h3>Probes, corrected for the best layer</h3><ul>{claims}</ul>" if claims else "")
         + (f"<ul class='note'>{notes}</ul>" if notes else "")
+    )
+
+
+def probe_claim(name: str, curve: dict[str, Any]) -> str:
+    """One sentence on a probe's best layer, stated as holding only on the p-value
+    corrected for choosing that layer (the maximum over layers of each shuffle)."""
+    best = curve.get("best") or {}
+    if best.get("accuracy") is None:
+        return f"probe ({name}): no accuracy"
+    n = len(curve.get("time") or [])
+    corrected = best.get("p_corrected")
+    corrected_text = "n/a" if corrected is None else f"{corrected:.3g}"
+    return (
+        f"probe ({name}): best accuracy {best['accuracy']:.2f} at layer {best['time']} "
+        f"(p = {best['p']:.3g} there; corrected for the best of {n} layers, p = "
+        f"{corrected_text}): the category is linearly decodable: {best['claim']}"
     )
