@@ -80,8 +80,21 @@ def test_final_norm_is_excluded_by_default_and_optional():
     with_final = project(ds, frame)
     assert with_final.sizes["time"] == 8
     assert with_final["is_final_norm"].values.tolist() == [False] * 7 + [True]
-    # the final-norm step is left out of the depth ordering
-    assert np.isfinite(depth_ordering(with_final).overall)
+
+
+def test_the_final_norm_step_is_left_out_of_the_depth_ordering():
+    states, labels = clustered(n_time=7, n_feature=16, n_per_category=2)
+    states = states.copy()
+    states[..., 0] += np.linspace(0.0, 300.0, 7)[:, None]  # PC1 orders the layers
+    ds = trace_dataset(states, labels)  # final norm = last state / rms: back near the origin
+    with_final = project(ds, fit_projection(ds, include_final_norm=True))
+    blocks = with_final.isel(time=~with_final["is_final_norm"].values)
+    d_with, d_blocks = depth_ordering(with_final), depth_ordering(blocks)
+    assert d_with.overall == d_blocks.overall > 0.9
+    np.testing.assert_array_equal(d_with.per_particle.values, d_blocks.per_particle.values)
+    # counted as one more time step it would spoil the ordering: the exclusion is what matters
+    counted = with_final.drop_vars("is_final_norm").assign_coords(time=np.arange(8))
+    assert depth_ordering(counted).overall < d_blocks.overall - 0.05
 
 
 def test_per_layer_frames():

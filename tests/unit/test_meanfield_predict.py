@@ -27,12 +27,30 @@ def test_fourier_amplitudes_of_equispaced_points():
     x = equispaced(16, 2).numpy()
     amplitudes = fourier_amplitudes(x, [0, 1, 5, 15, 16, 32])
     assert np.allclose(amplitudes, [1, 0, 0, 0, 1, 1], atol=1e-14)
-    rotated = np.stack([np.cos(0.3), np.sin(0.3)])[None] * 0 + x @ np.array(
-        [[math.cos(0.3), math.sin(0.3)], [-math.sin(0.3), math.cos(0.3)]]
-    )
-    noisy = rotated + 1e-3 * np.random.default_rng(0).normal(size=x.shape)
-    assert np.allclose(
-        fourier_amplitudes(noisy, [16]), fourier_amplitudes(noisy[None], [16])[0], atol=0
+
+
+def test_fourier_amplitudes_closed_form_rotation_invariance_and_batching():
+    rng = np.random.default_rng(0)
+    theta = rng.uniform(-math.pi, math.pi, size=9)
+    x = np.stack([np.cos(theta), np.sin(theta)], axis=1)
+    modes = [0, 1, 2, 3, 7]
+    expected = [abs(np.mean(np.exp(-1j * k * theta))) for k in modes]
+    np.testing.assert_allclose(fourier_amplitudes(x, modes), expected, atol=1e-14)
+    # a rotation by phi multiplies rho_k by e^{-i k phi}: the moduli do not change
+    phi = 0.3
+    rotation = np.array([[math.cos(phi), math.sin(phi)], [-math.sin(phi), math.cos(phi)]])
+    rotated = x @ rotation
+    assert not np.allclose(rotated, x, atol=1e-3)  # it really moved every point
+    np.testing.assert_allclose(fourier_amplitudes(rotated, modes), expected, atol=1e-13)
+    # a reflection keeps them too; moving one point changes them
+    np.testing.assert_allclose(fourier_amplitudes(x * [1, -1], modes), expected, atol=1e-13)
+    moved = x.copy()
+    moved[0] = [math.cos(theta[0] + 0.5), math.sin(theta[0] + 0.5)]
+    assert np.abs(fourier_amplitudes(moved, modes[1:]) - expected[1:]).max() > 1e-3
+    # batched equals one by one
+    batch = np.stack([x, rotated, moved])
+    np.testing.assert_array_equal(
+        fourier_amplitudes(batch, modes), np.stack([fourier_amplitudes(b, modes) for b in batch])
     )
 
 

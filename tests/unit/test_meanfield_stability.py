@@ -143,6 +143,18 @@ def _sectoral_gradient(points: np.ndarray, degree: int) -> np.ndarray:
     return grad - (grad * points).sum(1, keepdims=True) * points
 
 
+def _weighted_field(points, weights, beta, normalization, project=True):
+    """The weighted particle field v_i = P_{x_i} sum_j w_j e^{beta <x_i, x_j>} x_j / Z_i,
+    written here independently of the library (numpy, float64)."""
+    kernel = np.exp(beta * points @ points.T) * weights[None, :]
+    drift = kernel @ points
+    if normalization == "sa":
+        drift = drift / kernel.sum(axis=1, keepdims=True)
+    if not project:
+        return drift
+    return drift - (drift * points).sum(axis=1, keepdims=True) * points
+
+
 @pytest.mark.parametrize(("dim", "order", "beta"), [(3, 40, 4.0), (4, 20, 1.5)])
 @pytest.mark.parametrize("normalization", ["usa", "sa"])
 def test_sphere_growth_rates_against_a_quadrature_particle_jacobian(
@@ -154,8 +166,16 @@ def test_sphere_growth_rates_against_a_quadrature_particle_jacobian(
     d = 3, integer in d = 4)."""
     points, weights = sphere_quadrature(dim, order)
     assert abs(weights.sum() - 1) < 1e-14
-    still = weighted_linearization(points, weights, np.zeros_like(points), beta)
-    assert np.abs(still).max() == 0.0
+    # the quadrature is a fixed point: the weighted field itself (not its derivative) vanishes
+    field = _weighted_field(points, weights, beta, normalization)
+    scale = np.abs(_weighted_field(points, weights, beta, normalization, project=False)).max()
+    assert np.abs(field).max() <= TOL["quadrature_jacobian"] * scale
+    # ... and the check can fail: the same points with one moved are not a fixed point
+    moved_points = points.copy()
+    moved_points[0] = moved_points[0] + 0.05 * _sectoral_gradient(points, 1)[0]
+    moved_points[0] /= np.linalg.norm(moved_points[0])
+    bound = TOL["quadrature_jacobian"] * scale
+    assert np.abs(_weighted_field(moved_points, weights, beta, normalization)).max() > 100 * bound
     rates = growth_rates(range(5), beta, dim=dim, normalization=normalization)
     for degree in (1, 2, 3, 4):
         xi = _sectoral_gradient(points, degree)
