@@ -184,6 +184,19 @@ def test_sphere_growth_rates_against_a_quadrature_particle_jacobian(
         assert residual <= TOL["quadrature_jacobian"] * rates.max()
 
 
+def test_l_max_follows_sqrt_2beta_plus_nu2_minus_nu_on_every_sphere():
+    """The maximiser of lambda_l on S^{d-1} is within 1 of sqrt(2 beta + nu^2) - nu,
+    nu = d/2 - 1, where the large-beta form sqrt(2 beta) - nu is far off when d is large."""
+    degrees = np.arange(0, 80)
+    for dim in (2, 3, 4, 8, 16, 32, 64, 128):
+        nu = dim / 2 - 1
+        for beta in (0.5, 1.0, 4.0, 9.0, 25.0, 100.0, 400.0):
+            l_max = degrees[np.argmax(growth_rates(degrees, beta, dim=dim))]
+            assert abs(l_max - (math.sqrt(2 * beta + nu * nu) - nu)) <= 1.0, (dim, beta, l_max)
+    l_max = degrees[np.argmax(growth_rates(degrees, 100.0, dim=32))]
+    assert l_max == 6 and math.sqrt(200) - 15 < 0  # the old docs' formula: -0.86
+
+
 def test_harmonic_dimensions():
     assert harmonic_dimension(range(5), 3).tolist() == [1, 3, 5, 7, 9]
     assert harmonic_dimension(range(5), 4).tolist() == [1, 4, 9, 16, 25]

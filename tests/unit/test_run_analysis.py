@@ -116,8 +116,9 @@ def test_time_conventions_are_named_recorded_and_both_reported():
     assert seed["depth_ordering"]["by_times"] == every["depth_ordering"]["by_times"]
     own = seed["depth_ordering"]["by_times"]["seed"]["overall_spearman"]
     assert own == seed["depth_ordering"]["overall_spearman"]
-    assert every["depth_ordering"]["by_times"]["all"]["overall_spearman"] == (
-        every["depth_ordering"]["overall_spearman"]
+    assert (
+        every["depth_ordering"]["by_times"]["all"]["overall_spearman"]
+        == (every["depth_ordering"]["overall_spearman"])
     )
 
 

@@ -38,7 +38,9 @@ divergence); since ``I_k(beta)`` decreases in ``k``, the seed's maximiser is
 ``k = 1`` for every ``beta`` and could never predict several clusters. With
 ``k^2``: ``I_k(beta) ~ e^beta e^{-k^2 / (2 beta)} / sqrt(2 pi beta)`` for large
 ``beta``, so ``k^2 I_k`` peaks at ``k_max ~ sqrt(2 beta)`` (on ``S^{d-1}``:
-``l_max ~ sqrt(2 beta) - (d/2 - 1)``).
+``l_max ~ sqrt(2 beta + nu^2) - nu`` with ``nu = d/2 - 1``, within 1 of the
+exact maximiser for d = 2 .. 128; the simpler ``sqrt(2 beta) - nu`` needs
+``beta >> nu^2``).
 
 ``n`` equally spaced particles on the circle (the fixed point of the particle
 system): the Jacobian of ``theta_i' = (1/n) sum_j K(theta_j - theta_i)``,

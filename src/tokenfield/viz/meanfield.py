@@ -55,8 +55,9 @@ def plot_k_max_curve(curve: Any, ax: Any = None):
     fine = np.linspace(betas.min(), betas.max(), 400)
     ax.plot(fine, np.sqrt(2 * np.abs(fine)), color="C1", lw=1, label="sqrt(2 beta)")
     if curve.dim > 2:
-        ax.plot(fine, np.sqrt(2 * np.abs(fine)) - (curve.dim / 2 - 1), color="C2", lw=1, ls="--",
-                label="sqrt(2 beta) - (d/2 - 1)")  # fmt: skip
+        nu = curve.dim / 2 - 1
+        ax.plot(fine, np.sqrt(2 * np.abs(fine) + nu * nu) - nu, color="C2", lw=1, ls="--",
+                label="sqrt(2 beta + nu^2) - nu, nu = d/2 - 1")  # fmt: skip
     ax.set_xlabel("beta")
     ax.set_ylabel("most unstable mode")
     ax.set_title(f"d = {curve.dim}", fontsize=9)
