@@ -84,3 +84,25 @@ def test_the_corrected_false_positive_rate_holds_on_200_null_datasets():
     assert rate_corrected <= 0.08
     assert rate >= 0.3  # the uncorrected best-layer rate: about 1 - 0.95^16 for 16 layers
     assert rate > 3 * max(rate_corrected, 0.01)
+
+
+def test_the_summary_and_the_report_state_the_claim_on_the_corrected_p():
+    from tokenfield.analysis import analyze, summary_rows
+    from tokenfield.report.html import _separation_table
+
+    rng = np.random.default_rng(5)
+    states, labels = _noise_trajectories(rng)
+    null_metrics = analyze(trace_dataset(states, labels), n_permutations=99).to_metrics()
+    codes = np.unique(labels, return_inverse=True)[1]
+    planted = states.copy()
+    planted[6] += 3.0 * rng.normal(size=(4, states.shape[-1]))[codes]
+    effect_metrics = analyze(trace_dataset(planted, labels), n_permutations=99).to_metrics()
+    for metrics, claim in ((null_metrics, "not supported"), (effect_metrics, "holds")):
+        best = metrics["separation"]["best"]
+        assert best["claim"] == claim
+        assert best["silhouette_p_corrected"] >= best["silhouette_p"]
+        assert set(best) >= {"silhouette_p_corrected", "ratio_p_corrected"}
+        text = " ".join(f"{name} {value}" for name, value, _ in summary_rows(metrics))
+        assert f"categories separate: {claim}" in text
+        assert f"Categories separate: {claim}" in _separation_table(metrics)
+    assert effect_metrics["separation"]["best"]["time"] == 6

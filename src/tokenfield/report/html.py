@@ -55,7 +55,12 @@ NOTES = """
 <i>Spearman(PC1, layer)</i>: rank correlation of PC1 with the layer index (1: PC1 is depth).
 <i>Silhouette</i> (cosine) and <i>between/within</i> (mean distance between categories over mean
 distance within) come with a permutation null: the same score with the category labels
-shuffled (its 2.5&ndash;97.5% band and p-value). <i>Split layer</i>: the first layer from which a
+shuffled (its 2.5&ndash;97.5% band and p-value). The layer with the best silhouette is picked
+from all layers, so its claim is judged on the <i>corrected</i> p-value: the same shuffles, each
+scored by its best layer (the maximum over layers); a claim is stated as holding only when the
+corrected p is below 0.05, and as "not supported" otherwise. <i>Times</i>: by default layers
+0&hellip;L&minus;1 (the embedding and blocks 1&hellip;L&minus;1, what the seed experiment read from
+<code>hidden_states[:-1]</code>); PC1-vs-depth is shown for 0&hellip;L too. <i>Split layer</i>: the first layer from which a
 prompt stays clearly closer (by the margin) to its own category's centroid (leave-one-out)
 than to any other category's. <i>Bifurcation layer</i>: the first layer from which a prompt
 stays clearly closer to another category's centroid than to its own; <i>joined</i> names it.</p>
@@ -267,6 +272,7 @@ def _separation_table(metrics: dict[str, Any]) -> str:
         "null 2.5%",
         "null 97.5%",
         "p",
+        "p corrected (best of all layers)",
         "between/within",
         "ratio null 97.5%",
     ]
@@ -281,6 +287,7 @@ def _separation_table(metrics: dict[str, Any]) -> str:
             sep["silhouette_null_low"][i],
             sep["silhouette_null_high"][i],
             sep["silhouette_p"][i],
+            (sep.get("silhouette_p_corrected") or [None] * len(sep["time"]))[i],
             sep["ratio"][i],
             sep["ratio_null_high"][i],
         ]
@@ -292,8 +299,17 @@ def _separation_table(metrics: dict[str, Any]) -> str:
             ]
         rows.append(row)
     permutations = sep.get("n_permutations")
+    best = sep.get("best") or {}
+    verdict = ""
+    if best.get("silhouette_p_corrected") is not None:
+        verdict = (
+            f"<p><b>Categories separate: {html.escape(str(best.get('claim')))}</b> (best silhouette "
+            f"{best['silhouette']:.3f} at {html.escape(str(best['time']))}; p = "
+            f"{best['silhouette_p']:.3g} there, {best['silhouette_p_corrected']:.3g} corrected for "
+            f"choosing the best of {len(sep['time'])} layers).</p>"
+        )
     return (
-        f"<h3>Separation by layer</h3><p class='note'>{permutations} label permutations, "
+        f"<h3>Separation by layer</h3>{verdict}<p class='note'>{permutations} label permutations, "
         f"seed {sep.get('seed')}.</p>" + _table(headers, rows, scroll=True)
     )
 
