@@ -69,9 +69,28 @@ def depth(ds, sphere: bool) -> tuple[float, float]:
     return order.overall, float(np.nanmedian(order.per_particle.values))
 
 
+def depth_p(ds, seed: int = 0) -> float:
+    """p-value of the pooled Spearman(PC1, layer) against the layer order shuffled
+    (one permutation of the time labels for all prompts; the frame is fixed)."""
+    pc1 = project(ds, fit_projection(ds)).values[..., 0]  # (time, particle)
+    n_time, n_particle = pc1.shape
+    values = rankdata(pc1.ravel())
+    values = (values - values.mean()) / values.std()
+
+    def rho(order: np.ndarray) -> np.ndarray:  # (..., time) time ranks -> pooled Spearman
+        t = np.repeat(order, n_particle, axis=-1)
+        t = (t - t.mean(-1, keepdims=True)) / t.std(-1, keepdims=True)
+        return (t * values).mean(-1)
+
+    rng = np.random.default_rng(seed)
+    observed = float(rho(np.arange(n_time, dtype=float)))
+    null = rho(np.stack([rng.permutation(n_time).astype(float) for _ in range(PERMUTATIONS)]))
+    return float((1 + np.sum(np.abs(null) >= observed)) / (1 + PERMUTATIONS))
+
+
 def fmt_p(p: float, permutations: int) -> str:
     floor = 1 / (1 + permutations)
-    return f"p<{floor + 5e-4:.3f}" if p <= floor + 1e-12 else f"p={p:.3f}"
+    return f"p≤{floor:.3g}" if p <= floor + 1e-12 else f"p={p:.3f}"
 
 
 def pc2_axis(ds, seed: int = 0) -> dict:
@@ -229,6 +248,7 @@ def measure(directory: Path) -> dict:
         for sphere in (False, True)
         for which in ("model", "random")
     }
+    m["depth_p"] = depth_p(seed["seed-categories"])
     for which, suffix in (("model", ""), ("random", "-random")):
         for name in SETS:
             ds = seed[name + suffix]
@@ -256,20 +276,18 @@ def measure(directory: Path) -> dict:
 
 
 def verdict_pc1(m: dict) -> str:
-    seed_model, seed_random = (
-        m["depth"][("seed", False, "model")],
-        m["depth"][("seed", False, "random")],
-    )
+    seed_model = m["depth"][("seed", False, "model")]
+    seed_random = m["depth"][("seed", False, "random")]
     all_model = m["depth"][("all", False, "model")]
-    learned = seed_model[0] - seed_random[0]
     tail = (
-        "the random copy orders the layers almost as well: norm growth from the architecture"
-        if learned < 0.1
-        else "the random copy does not: learned"
+        f"but the random copy reaches {seed_random[0]:.2f} too (norm growth from the architecture)"
+        if seed_model[0] - seed_random[0] < 0.1
+        else f"and learned: the random copy reaches {seed_random[0]:.2f}"
     )
-    return (
-        f"Spearman {seed_model[0]:.2f} (times 0..L-1; {all_model[0]:.2f} with the raw last block); "
-        f"random copy {seed_random[0]:.2f}: {tail}"
+    return verdict(
+        claim_status(m["depth_p"]),
+        f"pooled Spearman {seed_model[0]:.2f} on times 0..L-1 ({all_model[0]:.2f} on 0..L), "
+        f"{fmt_p(m['depth_p'], PERMUTATIONS)} against shuffled layer order, {tail}",
     )
 
 
@@ -307,7 +325,7 @@ def verdict_rows(m: dict) -> dict[str, str]:
     rows["prompt 15 moves fast in an early layer"] = verdict(
         claim_status(r["p_corrected"]),
         f"largest inner step at block {r['step']}, rank {r['rank']} of 21 there; "
-        f"corrected p={r['p_corrected']:.2f} (share of prompts whose own largest step ranks as high)",
+        f"corrected p={r['p_corrected']:.3f} (share of prompts whose own largest step ranks as high)",
     )
     r = m[("wp", "model")]
     if r["closer_to_math_everywhere"]:
@@ -388,8 +406,8 @@ def render(measured: list[dict]) -> str:
         w(
             "| prompt 15 moves fast early | its largest relative step in inner blocks: step, size, "
             "others' median there, its rank of 21, corrected p | "
-            f"step {a['step']}: {a['relative']:.2f} vs {a['others_median']:.2f}, rank {a['rank']}, p={a['p_corrected']:.2f} | "
-            f"step {b['step']}: {b['relative']:.2f} vs {b['others_median']:.2f}, rank {b['rank']}, p={b['p_corrected']:.2f} |\n"
+            f"step {a['step']}: {a['relative']:.2f} vs {a['others_median']:.2f}, rank {a['rank']}, p={a['p_corrected']:.3f} | "
+            f"step {b['step']}: {b['relative']:.2f} vs {b['others_median']:.2f}, rank {b['rank']}, p={b['p_corrected']:.3f} |\n"
         )
         a, b = m[("wp", "model")], m[("wp", "random")]
         w(
