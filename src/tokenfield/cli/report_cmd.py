@@ -32,17 +32,23 @@ def report_command(
     """Write an offline HTML report: interactive trajectories, figures and tables.
 
     Uses each run's metrics.json and figures/ from 'tokenfield analyze' when
-    present (and analyses the others in memory, without writing to them).
+    present (and analyses the others in memory, without writing to them, saying
+    so). The figures of 'tokenfield lens' (RUN/figures/theory_*.png) are shown
+    with their run; add RUN/theory.html with --section for the lens's table.
     """
     import time
 
-    from rich.console import Console
+    from tokenfield._progress import console as make_console
+    from tokenfield.report.html import unanalysed_runs, write_report
 
-    from tokenfield.report.html import write_report
-
-    console = Console(stderr=True)
     started = time.perf_counter()
-    with console.status("writing the report"):
+    for run in unanalysed_runs(runs or []):
+        if run.is_dir():
+            make_console(stderr=True).print(
+                f"note: {run} has no metrics.json: analysed in memory for the report, "
+                f"nothing saved (run 'tokenfield analyze {run}' to keep the analysis)"
+            )
+    with make_console(stderr=True).status("writing the report"):
         path = write_report(runs or [], out, title=title, sections=section or [])
     size = path.stat().st_size / 1e6
-    console.print(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")
+    make_console().print(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")

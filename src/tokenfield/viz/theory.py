@@ -40,6 +40,10 @@ CAPTIONS = {
     "theory_logit_lens": "Logit lens: rank of the model's final prediction at each layer.",
 }
 
+#: Fitted betas are shown (and drawn) only where the fit explains this much.
+MIN_R2 = 0.01
+NO_FIT = "n/a (R\u00b2 < 0.01)"
+
 STYLES = {
     "model": {"linestyle": "-", "color": "C0"},
     "random weights": {"linestyle": "--", "color": "C3"},
@@ -156,7 +160,7 @@ def plot_effective_beta(
             style["color"] = "C1" if source == "model" else "C5"
         label = f"{source}, {field}"
         layer = fits.time[:-1]
-        shown = fits.column("r2") >= 0.01
+        shown = fits.column("r2") >= MIN_R2
         axes[0].plot(layer, np.where(shown, fits.column("beta"), np.nan), marker=".", **style)
         axes[1].plot(layer, np.where(shown, fits.column("step"), np.nan), marker=".", **style)
         axes[2].plot(layer, fits.column("r2"), marker=".", label=label, **style)
@@ -295,6 +299,15 @@ def theory_html_section(theory: dict[str, Any]) -> str:
         ("probe mean", col("probes", "pooled", "accuracy")),
         ("lens top-1", col("logit_lens", "top1")),
     ]
+    beta, r2 = col("effective_beta", "beta"), col("effective_beta", "r2")
+    if beta is not None and r2 is not None:  # beta only where its fit explains something
+        columns[4] = (
+            "beta",
+            [
+                b if (f is not None and f >= MIN_R2) else NO_FIT
+                for b, f in zip(beta, r2, strict=False)
+            ],
+        )
     present = [(name, values) for name, values in columns if values is not None]
     if not present:
         return ""
@@ -305,17 +318,19 @@ def theory_html_section(theory: dict[str, Any]) -> str:
         cells = []
         for _, values in present:
             value = values[t] if t < len(values) else None
-            cells.append(
-                "<td class='num'>&ndash;</td>"
-                if value is None
-                else f"<td class='num'>{value:.3g}</td>"
-            )
+            if value is None:
+                cells.append("<td class='num'>&ndash;</td>")
+            elif isinstance(value, str):
+                cells.append(f"<td class='num'>{html.escape(value)}</td>")
+            else:
+                cells.append(f"<td class='num'>{value:.3g}</td>")
         rows.append(f"<tr><td>{t}</td>{''.join(cells)}</tr>")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in theory.get("notes", []))
     return (
         "<h3>By layer</h3>"
         "<p class='note'>Rows are layers (time); beta, R^2 and the attention columns in row l "
-        "describe block l, the update from time l to l + 1.</p>"
+        "describe block l, the update from time l to l + 1. beta is shown only where its "
+        f"fit explains R^2 &ge; {MIN_R2:g} of the update.</p>"
         f"<div class='scroll'><table><tr><th>layer</th>{head}</tr>{''.join(rows)}</table></div>"
         + (f"<ul class='note'>{notes}</ul>" if notes else "")
     )
