@@ -174,3 +174,38 @@ def test_lens_summary_hides_betas_of_fits_that_explain_nothing(capsys):
     _summary(console(), result)
     row = next(line for line in capsys.readouterr().out.splitlines() if "effective beta" in line)
     assert "86.7" not in row and "n/a" in row and "2.5" in row and "127" in row
+
+
+# --- the first hour: a directory of runs, the README's examples ------------------------
+
+
+def test_a_directory_of_runs_names_the_runs_inside(capsys, tmp_path):
+    from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
+
+    states, labels = clustered(n_per_category=2, n_time=3, n_feature=8)
+    for name in ("seed-spectrum", "seed-categories"):
+        write_run(tmp_path / "demo" / name, trace_dataset(states, labels))
+    (tmp_path / "demo" / "report.html").write_text("<html></html>")
+    for command in (["analyze"], ["report", "--out", tmp_path / "r.html"], ["lens"]):
+        status, out, err = run_cli([command[0], tmp_path / "demo", *command[1:]], capsys)
+        assert status == 2 and out == ""
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        assert "holds runs: seed-categories, seed-spectrum" in lines[0]
+        assert "pass one of them" in lines[0]
+    status, _, err = run_cli(["analyze", tmp_path / "demo" / "seed-spectrum" / "figures"], capsys)
+    assert status == 2 and "not a tokenfield run" in err and "holds" not in err
+
+
+def test_readme_and_docs_report_examples_write_under_runs():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = 0
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for line in doc.read_text(encoding="utf-8").splitlines():
+            if "tokenfield report" in line and "--out" in line:
+                found += 1
+                target = line.split("--out", 1)[1].split()[0]
+                assert target.startswith("runs/"), f"{doc.name}: {line}"
+    assert found >= 2

@@ -12,7 +12,7 @@ from tokenfield.cli._app import app
 
 @app.command(
     "report",
-    epilog="Example: tokenfield report runs/categories runs/spectrum --out report.html",
+    epilog="Example: tokenfield report runs/categories runs/spectrum --out runs/report.html",
 )
 def report_command(
     runs: Annotated[list[Path] | None, typer.Argument(help="Run directories.")] = None,
@@ -40,15 +40,18 @@ def report_command(
 
     from tokenfield._progress import console as make_console
     from tokenfield.report.html import unanalysed_runs, write_report
+    from tokenfield.runs import read_run_info
 
     started = time.perf_counter()
-    for run in unanalysed_runs(runs or []):
-        if run.is_dir():
-            make_console(stderr=True).print(
-                f"note: {run} has no metrics.json: analysed in memory for the report, "
-                f"nothing saved (run 'tokenfield analyze {run}' to keep the analysis)"
-            )
+    for run in runs or []:
+        read_run_info(run)  # a clear error before any work
+    in_memory = unanalysed_runs(runs or [])
     with make_console(stderr=True).status("writing the report"):
         path = write_report(runs or [], out, title=title, sections=section or [])
+    for run in in_memory:
+        make_console(stderr=True).print(
+            f"note: {run} has no metrics.json: analysed in memory for the report, "
+            f"nothing saved (run 'tokenfield analyze {run}' to keep the analysis)"
+        )
     size = path.stat().st_size / 1e6
     make_console().print(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")

@@ -29,7 +29,8 @@ __all__ = [
 
 CAPTIONS = {
     "theory_clouds": "Token clouds by layer: the model (solid), its random-weight copy "
-    "(dashed) and the simulator started from the model's layer-0 tokens (dotted).",
+    "(dashed) and the simulator started from the model's layer-0 tokens (dotted); "
+    "cluster counts at each threshold eps (one marker each).",
     "theory_attention": "Attention as a Markov chain, per layer and head: sink mass, "
     "normalised row entropy and the spectral gap of the sink-free symmetrised chain.",
     "theory_beta": "Effective beta: the idealised attention flow (Q = K = V = I, and the "
@@ -43,6 +44,8 @@ CAPTIONS = {
 #: Fitted betas are shown (and drawn) only where the fit explains this much.
 MIN_R2 = 0.01
 NO_FIT = "n/a (R\u00b2 < 0.01)"
+
+EPS_MARKERS = ("o", "s", "^", "D", "v")
 
 STYLES = {
     "model": {"linestyle": "-", "color": "C0"},
@@ -71,22 +74,40 @@ def plot_clouds(model: Any, baseline: Any = None, simulated: Any = None, axes: A
         ("effective_dim", "effective dimension"),
     ]
     sources = [("model", model), ("random weights", baseline), ("simulation", simulated)]
+    # Colour and line style tell the source; the marker tells the eps level.
+    extra = sorted(
+        (k for k in model.values if k.startswith("cluster_count@")),
+        key=lambda k: float(k.split("@")[1]),
+    )
+    levels = [("cluster_count", f"eps = {model.eps:g}")]
+    levels += [(k, f"eps = {k.split('@')[1]}") for k in extra]
+    marks = dict(zip([k for k, _ in levels], EPS_MARKERS, strict=False))
+    every = max(1, len(model.time) // 10)
     for ax, (name, label) in zip(axes, panels, strict=True):
         for source, clouds in sources:
             if clouds is None:
                 continue
             style = STYLES[source]
-            ax.plot(clouds.time, clouds.mean(name), label=source, **style)
-            if name == "cluster_count":
-                extra = sorted(k for k in clouds.values if k.startswith("cluster_count@"))
-                for k, alpha in zip(extra, (0.6, 0.35, 0.2), strict=False):
-                    ax.plot(clouds.time, clouds.mean(k), alpha=alpha, **style)
+            if name != "cluster_count":
+                ax.plot(clouds.time, clouds.mean(name), label=source, **style)
+                continue
+            for key, _ in levels:
+                if key in clouds.values:
+                    ax.plot(clouds.time, clouds.mean(key), marker=marks.get(key, "x"),
+                            markevery=every, markersize=5, **style)  # fmt: skip
         ax.set_xlabel("layer")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    eps = model.eps
-    extra = ", ".join(k.split("@")[1] for k in model.values if k.startswith("cluster_count@"))
-    axes[1].set_title(f"eps = {eps:g} (dark){'; ' + extra + ' (lighter)' if extra else ''}")
+    if len(levels) > 1:
+        from matplotlib.lines import Line2D
+
+        handles = [
+            Line2D([], [], color="0.3", marker=marks.get(key, "x"), markersize=5, label=text)
+            for key, text in levels
+        ]
+        axes[1].legend(handles=handles, title="threshold (link if cos >= 1 - eps)",
+                       fontsize=8, title_fontsize=8)  # fmt: skip
+    axes[1].set_title("clusters at each threshold")
     axes[0].legend()
     return fig
 
