@@ -91,3 +91,38 @@ def test_real_tokenizers_spell_emoji_and_hebrew(name, splits):
     assert bool(split) == splits, pieces
     assert ("\ufffd" in ds["token"].values.tolist()) == splits  # what 'token' alone showed
     assert ds["token_id"].values.tolist() == loaded.tokenizer(text)["input_ids"]
+
+
+def test_a_partial_run_from_before_token_ids_resumes(tmp_path, monkeypatch):
+    """A run interrupted under a version that stored no token ids finishes in its
+    own layout (no token_id / token_piece) instead of failing to append."""
+    import xarray as xr
+
+    import tokenfield.models.trace as trace_module
+    from tests.integration.tiny import PROMPTS, tiny_loaded
+
+    tiny = tiny_loaded("llama")
+    whole = tf.trace(tiny, PROMPTS, positions="all", batch_size=2, out=tmp_path / "whole")
+    real_piece, real_forward = trace_module._piece, trace_module._forward
+    calls = {"n": 0}
+
+    def old_piece(*args, **kwargs):
+        return real_piece(*args, **kwargs).drop_vars(["token_id", "token_piece"])
+
+    def interrupted(model, inputs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real_forward(model, inputs)
+
+    monkeypatch.setattr(trace_module, "_piece", old_piece)
+    monkeypatch.setattr(trace_module, "_forward", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tf.trace(tiny, PROMPTS, positions="all", batch_size=2, out=tmp_path / "old")
+    monkeypatch.setattr(trace_module, "_piece", real_piece)
+    monkeypatch.setattr(trace_module, "_forward", real_forward)
+    resumed = tf.trace(tiny, PROMPTS, positions="all", batch_size=2, out=tmp_path / "old")
+    assert "token_id" not in resumed.coords
+    expected = whole.drop_vars(["token_id", "token_piece"])
+    xr.testing.assert_allclose(resumed.states, expected.states)
+    assert resumed["token"].values.tolist() == expected["token"].values.tolist()

@@ -46,7 +46,7 @@ from tokenfield.models.load import LoadedModel
 from tokenfield.models.sites import site_names
 from tokenfield.models.tokens import token_piece
 from tokenfield.prompts import Prompt, load_prompts
-from tokenfield.runs import CONFIG_ATTR, RunWriter, open_run, strings
+from tokenfield.runs import CONFIG_ATTR, TRAJECTORY, RunWriter, open_run, strings
 
 __all__ = ["trace", "encode_prompts", "Positions"]
 
@@ -347,6 +347,8 @@ def trace(
             return open_run(out)
     start = writer.done if writer else 0
     particles = int(writer.info.progress.get("size", 0)) if writer else 0
+    # A partial run begun by a version without token ids resumes in its own layout.
+    legacy = bool(writer and start > 0 and not (Path(out) / TRAJECTORY / "token_id").exists())
     pieces: list[xr.Dataset] = []
     bar = ProgressBar(
         f"tracing {model.name}", len(encoded), enabled=progress, completed=start, unit="prompts"
@@ -393,6 +395,8 @@ def trace(
                 config["top_k"],
                 extras,
             )
+            if legacy:
+                piece = piece.drop_vars(["token_id", "token_piece"])
             particles += piece.sizes["particle"]
             if writer:
                 writer.append(piece, done=first + len(batch))
