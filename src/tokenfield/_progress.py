@@ -1,8 +1,32 @@
-"""One progress bar for long work (tracing, steering, evaluations)."""
+"""One progress bar for long work (tracing, steering, evaluations), and the
+consoles every command prints with.
+
+The house rule: results (tables, JSON, "wrote ...") go to stdout; progress bars,
+spinners, notes and hints go to stderr. When the stream is not a terminal (a
+pipe, a file, a CI log), rich would cut tables at 80 columns: :func:`console`
+then gives them all the width they need.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+#: Width of a console that is not a terminal: wide enough never to cut a table.
+PIPE_WIDTH = 1000
+
+
+def console(*, stderr: bool = False) -> Any:
+    """A rich Console on stdout (results) or stderr (progress, notes).
+
+    In a terminal it wraps at the terminal's width; elsewhere tables and lines
+    are printed whole (width :data:`PIPE_WIDTH`), never cut at 80 columns.
+    """
+    from rich.console import Console
+
+    terminal = Console(stderr=stderr)
+    if terminal.is_terminal:
+        return terminal
+    return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
 
 
 class ProgressBar:
@@ -16,12 +40,14 @@ class ProgressBar:
     def __init__(
         self,
         label: str,
-        total: float,
+        total: float | None,
         *,
         enabled: bool = True,
         completed: float = 0,
         unit: str = "",
     ):
+        """``total`` may be ``None`` (unknown yet: see :meth:`update`). The bar is
+        drawn on stderr."""
         self.enabled = enabled
         self._progress: Any = None
         if not enabled:
@@ -43,6 +69,7 @@ class ProgressBar:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             transient=False,
+            console=console(stderr=True),
         )
         self._task = self._progress.add_task(label, total=total, completed=completed)
 
@@ -59,3 +86,22 @@ class ProgressBar:
     def advance(self, n: float = 1) -> None:
         if self._progress is not None:
             self._progress.advance(self._task, n)
+
+    def update(
+        self,
+        *,
+        total: float | None = None,
+        completed: float | None = None,
+        label: str | None = None,
+    ) -> None:
+        """Set the total, the amount done and/or the label shown before the bar."""
+        if self._progress is None:
+            return
+        changes: dict[str, Any] = {}
+        if total is not None:
+            changes["total"] = total
+        if completed is not None:
+            changes["completed"] = completed
+        if label is not None:
+            changes["description"] = label
+        self._progress.update(self._task, **changes)

@@ -129,6 +129,13 @@ def read_run_info(path: str | Path) -> RunInfo:
     path = Path(path)
     meta = path / RUN_JSON
     if not meta.is_file():
+        inside = _runs_inside(path)
+        if inside:
+            shown = ", ".join(inside[:8]) + (", ..." if len(inside) > 8 else "")
+            raise UserError(
+                f"'{path}' is not a tokenfield run but holds runs: {shown}",
+                f"pass one of them, e.g. '{path / inside[0]}'",
+            )
         raise UserError(
             f"'{path}' is not a tokenfield run (no {RUN_JSON})",
             "pass a directory written by 'tokenfield trace' or 'tokenfield simulate'",
@@ -147,6 +154,14 @@ def read_run_info(path: str | Path) -> RunInfo:
         raise UserError(
             f"'{meta}' is damaged ({exc})", "re-create the run with --overwrite"
         ) from None
+
+
+def _runs_inside(path: Path) -> list[str]:
+    """Names of the runs directly inside ``path`` (e.g. ``runs/demo``), sorted."""
+    try:
+        return sorted(p.name for p in path.iterdir() if (p / RUN_JSON).is_file())
+    except OSError:  # not a directory, or unreadable
+        return []
 
 
 def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:

@@ -70,11 +70,37 @@ def test_cli_writes_every_section_and_figure(runs, capsys):
     assert "mean cos (sim)" in html and html.count("<tr>") == layers + 2
     fragment = (runs / "model" / "theory.html").read_text()
     assert fragment.startswith("<section>") and "R^2 (own heads)" not in fragment
+    out = capsys.readouterr()
+    # results on stdout, the progress bar and the notes on stderr
+    assert "through the lens of the theory" in out.out and "wrote" in out.out
+    assert "steps" in out.err and "through the lens" not in out.err
     out_html = runs / "report.html"
     main(["report", "--section", str(runs / "model" / "theory.html"), "--out", str(out_html)])
-    assert "mean cos (sim)" in out_html.read_text()
+    text = out_html.read_text()
+    assert "mean cos (sim)" in text
+    for name in ("clouds", "attention", "beta", "probes", "logit_lens"):
+        assert f'alt="theory_{name}"' in text  # the lens's figures come with its section
     out = capsys.readouterr()
-    assert "wrote" in out.err
+    assert "wrote" in out.out and "wrote" not in out.err
+
+
+def test_report_of_a_run_shows_its_theory_figures(runs, capsys, tmp_path):
+    """`report RUN --section RUN/theory.html` on a run never analysed: the lens's
+    figures are read from RUN/figures, the run is left untouched, and a note says so."""
+    run = runs / "model"
+    if not (run / THEORY_JSON).is_file():
+        main(["lens", str(run), "--permutations", "0"])
+    assert not (run / "metrics.json").exists()
+    before = sorted(p.name for p in run.rglob("*"))
+    out_html = tmp_path / "report.html"
+    main(["report", str(run), "--section", str(run / "theory.html"), "--out", str(out_html)])
+    text = out_html.read_text()
+    for name in ("clouds", "attention", "beta", "probes", "logit_lens"):
+        assert text.count(f'alt="theory_{name}"') == 1, name  # once, in the run's section
+    assert "Token clouds by layer" in text  # with the lens's captions
+    assert sorted(p.name for p in run.rglob("*")) == before
+    err = capsys.readouterr().err
+    assert "has no metrics.json" in err and "tokenfield analyze" in err
 
 
 def test_simulated_cloud_starts_at_the_models_layer_zero(runs):

@@ -55,6 +55,9 @@ def test_trace_writes_a_plain_zarr_run(tiny_dir, tmp_path, capsys):
     assert code == 0, err
     ds = xr.open_zarr(tmp_path / "r" / "trajectory.zarr")
     assert ds.states.shape[0] == 4 and ds.sizes["particle"] == 5 + 4
+    # the result on stdout, the progress bar on stderr
+    assert "traced 9 particles" in _out and "traced" not in err
+    assert "2/2" in err and "prompts" in err and "prompts" not in _out
 
 
 @pytest.mark.parametrize(

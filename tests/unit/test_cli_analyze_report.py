@@ -65,6 +65,7 @@ def test_analyze_writes_metrics_projection_and_figures(runs, capsys):
     )
     assert status == 0, err
     assert "Spearman(PC1, layer)" in out and "baseline" in out
+    assert "wrote" in out and "Spearman" not in err and "wrote" not in err  # results: stdout
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["options"]["seed"] == 3 and metrics["options"]["n_permutations"] == 20
     assert metrics["baseline"]["info"]["n_particles"] == 15

@@ -73,3 +73,26 @@ def test_bad_files_raise_one_line_errors(tmp_path, name, content, message):
 def test_missing_file_names_the_bundled_sets(tmp_path):
     with pytest.raises(UserError, match="does not exist.*seed-categories, seed-spectrum"):
         load_prompts(tmp_path / "nope.txt")
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("typo.csv", "text,catgory\nhello,code\n"),
+        ("typo.jsonl", '{"text": "hello", "category": "a"}\n{"text": "x", "catgory": "b"}\n'),
+        ("typo.yaml", "- text: hello\n  catgory: code\n"),
+    ],
+)
+def test_a_misspelled_column_is_an_error_naming_the_known_ones(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(UserError, match="unknown (field|column) 'catgory'") as info:
+        load_prompts(path)
+    message = str(info.value)
+    assert "\n" not in message and "text, category, label" in message
+
+
+def test_known_columns_in_any_order_still_load(tmp_path):
+    path = tmp_path / "ok.csv"
+    path.write_text("label,category,text\n1,code,hello\n")
+    assert load_prompts(path) == [Prompt("hello", "code", "1")]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import html
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,7 @@ def theory_lens(
     sim_dt: float | None = None,
     model: Any = None,
     baseline_model: Any = None,
+    progress: Callable[[str, int], Any] | None = None,
 ) -> TheoryLens:
     """Measure a traced run against the mean-field theory (see the module docstring).
 
@@ -256,6 +258,8 @@ def theory_lens(
         model, baseline_model: the loaded models that made the runs
             (llama family); given, the effective beta is also fitted with each
             layer's own heads (:func:`tokenfield.models.attention.head_inputs`).
+        progress: called as ``progress(label, total)`` before each of the ``total``
+            measurements (for a progress bar).
     """
     info_run = read_run_info(run)
     if info_run.kind != "trace":
@@ -281,15 +285,22 @@ def theory_lens(
         if read_run_info(baseline).kind != "trace":
             raise UserError(f"baseline '{baseline}' is not a trace run")
         base = open_run(baseline).load()
+    step = _stepper(progress, ds, base, simulate, model, baseline_model)
     if _is_all(ds):
+        step("token clouds")
         parts["clouds"] = token_clouds(ds, eps=eps, more_eps=more_eps)
+        step("effective beta")
         parts["beta"] = effective_beta(ds, causal=causal)
         if model is not None:
+            step("effective beta, own heads")
             parts["beta_heads"] = _heads_fit(ds, model, causal)
         if base is not None and _is_all(base):
+            step("baseline clouds")
             parts["baseline_clouds"] = token_clouds(base, eps=eps, more_eps=more_eps)
+            step("baseline effective beta")
             parts["baseline_beta"] = effective_beta(base, causal=causal)
             if baseline_model is not None:
+                step("baseline effective beta, own heads")
                 parts["baseline_beta_heads"] = _heads_fit(base, baseline_model, causal)
         if simulate:
             beta, dt, source = _pick_simulation(parts["beta"])
@@ -299,6 +310,7 @@ def theory_lens(
                 source = "given"
             if not (math.isfinite(beta) and math.isfinite(dt) and dt > 0):
                 raise UserError(f"bad simulation parameters beta={beta}, dt={dt}", "pass dt > 0")
+            step("simulating")
             clouds = simulate_from_run(
                 run, ds, beta=beta, dt=dt, causal=causal, eps=eps, more_eps=more_eps
             )
@@ -309,19 +321,44 @@ def theory_lens(
             "(trace with --positions all)"
         )
     if "attn_lambda2" in ds:
+        step("attention")
         parts["attention"] = attention_by_layer(ds)
     else:
         notes.append("attention skipped: trace with --attention")
     if base is not None and "attn_lambda2" in base:
+        step("baseline attention")
         parts["baseline_attention"] = attention_by_layer(base)
+    step("probes")
     parts["probes"] = _probes(ds, permutations, seed, notes, "")
     if base is not None:
+        step("baseline probes")
         parts["baseline_probes"] = _probes(base, permutations, seed, notes, "baseline ")
     if "lens_rank" in ds:
+        step("logit lens")
         parts["lens"] = logit_lens_summary(ds)
     else:
         notes.append("logit lens skipped: trace with --logit-lens")
     return TheoryLens(info=info, notes=notes, **parts)
+
+
+def _stepper(
+    progress: Callable[[str, int], Any] | None,
+    ds: xr.Dataset,
+    base: xr.Dataset | None,
+    simulate: bool,
+    model: Any,
+    baseline_model: Any,
+) -> Callable[[str], None]:
+    """``step(label)`` for :func:`theory_lens`, knowing how many steps there will be."""
+    if progress is None:
+        return lambda label: None
+    total = 1 + (base is not None) + ("attn_lambda2" in ds) + ("lens_rank" in ds)
+    total += base is not None and "attn_lambda2" in base
+    if _is_all(ds):
+        total += 2 + (model is not None) + bool(simulate)
+        if base is not None and _is_all(base):
+            total += 2 + (baseline_model is not None)
+    return lambda label: progress(label, int(total))
 
 
 def write_theory(run: str | Path, result: TheoryLens, *, figures: bool = True) -> Path:

@@ -14,6 +14,9 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     add_completion=False,
-    rich_markup_mode="rich",
+    # Plain click help: rich markup would turn "A:B:N" into an emoji (":B:") and
+    # typer's rich panels print boolean flags as "<bool>" options that take a value.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
     pretty_exceptions_enable=False,
 )

@@ -65,9 +65,9 @@ def analyze_command(
     """
     import time
 
-    from rich.console import Console
     from rich.table import Table
 
+    from tokenfield._progress import console as make_console
     from tokenfield.analysis.run_analysis import analyze_run, summary_rows
     from tokenfield.errors import UserError
     from tokenfield.runs import read_run_info
@@ -77,9 +77,9 @@ def analyze_command(
     read_run_info(run)  # a missing or damaged run fails here, before any work
     if baseline is not None:
         read_run_info(baseline)
-    console = Console()
+    console = make_console()  # the table and "wrote": the spinner is on stderr
     started = time.perf_counter()
-    with console.status(f"analysing {run}"):
+    with make_console(stderr=True).status(f"analysing {run}"):
         metrics = analyze_run(
             run,
             baseline=baseline,

@@ -37,14 +37,13 @@ def demo_command(
     """
     import time
 
-    from rich.console import Console
-
+    from tokenfield._progress import console as make_console
     from tokenfield.analysis.run_analysis import analyze_run
     from tokenfield.models.load import load_model
     from tokenfield.models.trace import trace
     from tokenfield.report import write_report
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)  # progress; the report's path goes to stdout
     started = time.perf_counter()
     with console.status(f"loading {model}"):
         loaded = load_model(model)

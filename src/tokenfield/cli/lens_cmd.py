@@ -68,8 +68,8 @@ def lens_command(
     skipped with a note: clouds and beta need --positions all, the attention
     section needs --attention, the lens needs --logit-lens.
     """
-    from rich.console import Console
-
+    from tokenfield._progress import ProgressBar
+    from tokenfield._progress import console as make_console
     from tokenfield.analysis.theory import model_of_run, theory_lens, write_theory
     from tokenfield.errors import UserError
     from tokenfield.runs import read_run_info
@@ -85,13 +85,23 @@ def lens_command(
         ) from None
     if permutations < 0:
         raise UserError(f"--permutations must be >= 0, got {permutations}")
-    console = Console(stderr=True)
+    console = make_console(stderr=True)  # progress and notes; results go to stdout
     model = baseline_model = None
     if heads:
         with console.status("loading the models"):
             model = model_of_run(run)
             baseline_model = None if baseline is None else model_of_run(baseline)
-    with console.status(f"measuring {run}"):
+    with ProgressBar(f"lens {run}", total=None, unit="steps") as bar:
+        steps = {"total": 0, "started": False}
+
+        def step(label: str, total: int | None = None) -> None:
+            if steps["started"]:
+                bar.advance()  # the previous step is done
+            steps["started"] = True
+            if total is not None:
+                steps["total"] = total + int(figures)  # figures: one more step
+            bar.update(total=steps["total"], label=label)
+
         result = theory_lens(
             run,
             baseline=baseline,
@@ -104,12 +114,17 @@ def lens_command(
             sim_dt=sim_dt,
             model=model,
             baseline_model=baseline_model,
+            progress=step,
         )
+        if figures:
+            step("figures")
         path = write_theory(run, result, figures=figures)
+        bar.advance()
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
-    _summary(console, result)
-    console.print(f"[green]wrote[/green] {path}")
+    results = make_console()
+    _summary(results, result)
+    results.print(f"[green]wrote[/green] {path}")
 
 
 def _summary(console, result) -> None:
@@ -117,18 +132,24 @@ def _summary(console, result) -> None:
     import numpy as np
     from rich.table import Table
 
+    from tokenfield.viz.theory import MIN_R2, NO_FIT  # betas only where R^2 >= 0.01
+
     table = Table(title="through the lens of the theory", show_lines=False)
     table.add_column("measure")
     table.add_column("first layer", justify="right")
     table.add_column("middle", justify="right")
     table.add_column("last layer", justify="right")
 
-    def row(label: str, values) -> None:
+    def row(label: str, values, r2=None) -> None:
         if values is None:
             return
         values = np.asarray(values, dtype=float)
-        picks = [values[0], values[len(values) // 2], values[-1]]
-        table.add_row(label, *(f"{v:.3g}" for v in picks))
+        where = [0, len(values) // 2, len(values) - 1]
+        cells = [f"{values[i]:.3g}" for i in where]
+        if r2 is not None:  # a fit that explains nothing has no meaningful beta
+            r2 = np.asarray(r2, dtype=float)
+            cells = [c if r2[i] >= MIN_R2 else NO_FIT for c, i in zip(cells, where, strict=True)]
+        table.add_row(label, *cells)
 
     if result.clouds is not None:
         row("mean cosine", result.clouds.mean("mean_cos"))
@@ -138,7 +159,7 @@ def _summary(console, result) -> None:
     if result.simulated is not None:
         row("mean cosine, simulation", result.simulated.clouds.mean("mean_cos"))
     if result.beta is not None:
-        row("effective beta", result.beta.column("beta"))
+        row("effective beta", result.beta.column("beta"), result.beta.column("r2"))
         row("R^2 explained", result.beta.column("r2"))
     if result.beta_heads is not None:
         row("R^2 explained, own heads", result.beta_heads.column("r2"))

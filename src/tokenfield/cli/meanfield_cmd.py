@@ -142,9 +142,9 @@ def stability_command(
     lambda_l = l (l + d - 2) mu_l(beta) / beta (USA), mu_l = Gamma(d/2) (2/beta)^{d/2-1}
     I_{l+d/2-1}(beta); SA divides by mu_0. On the circle: k^2 I_k(beta) / beta.
     """
-    from rich.console import Console
     from rich.table import Table
 
+    from tokenfield._progress import console as make_console
     from tokenfield.meanfield.stability import k_max_curve, stability_spectrum
 
     dynamics, time = _dynamics(dynamics), _time(time)
@@ -154,7 +154,7 @@ def stability_command(
         raise UserError(f"--out '{out}' must end in .png or .svg")
     if out is not None:
         _out_dir(out.parent if str(out.parent) else Path("."))
-    console = Console()
+    console = make_console()
     if beta is not None:
         spectrum = stability_spectrum(
             beta, dim=dim, normalization=dynamics, time=time, max_mode=max_mode, n_particles=n
@@ -227,9 +227,10 @@ def predict_clusters_command(
     """Simulate near-equispaced starts on the circle and set the first plateau of the
     cluster count beside k_max(beta) (USA in rescaled time)."""
     import torch
-    from rich.console import Console
     from rich.table import Table
 
+    from tokenfield._progress import ProgressBar
+    from tokenfield._progress import console as make_console
     from tokenfield.meanfield.predict import cluster_prediction, growth_rate_experiment
 
     values = _numbers(betas, "--betas")
@@ -239,23 +240,23 @@ def predict_clusters_command(
     if n < 4 or seeds < 1 or not (0 < noise < 1):
         raise UserError("need --n >= 4, --seeds >= 1 and --noise in (0, 1)")
     out = _out_dir(out)
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)  # stdout holds the JSON
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    steps = len(norms) * len(values) * (2 if growth_rates else 1)
     try:
-        with console.status("simulating"):
+        with ProgressBar("simulating", total=steps, unit="experiments") as bar:
             prediction = cluster_prediction(
-                values, normalizations=norms, n_particles=n, noise=noise, seeds=seeds, seed=seed
-            )
-            fits = (
-                [
-                    growth_rate_experiment(b, normalization=m, n_particles=n)
-                    for m in norms
-                    for b in values
-                ]
-                if growth_rates
-                else []
-            )
+                values, normalizations=norms, n_particles=n, noise=noise, seeds=seeds, seed=seed,
+                progress=bar.advance,
+            )  # fmt: skip
+            fits = []
+            if growth_rates:
+                bar.update(label="growth rates")
+            for m in norms if growth_rates else ():
+                for b in values:
+                    fits.append(growth_rate_experiment(b, normalization=m, n_particles=n))
+                    bar.advance()
     finally:
         torch.set_num_threads(threads)
     rows = prediction.rows()
@@ -304,9 +305,9 @@ def pde_command(
 ) -> None:
     """Solve the mean-field PDE on the circle and compare it with n-particle runs (W1)."""
     import torch
-    from rich.console import Console
     from rich.table import Table
 
+    from tokenfield._progress import console as make_console
     from tokenfield.meanfield.convergence import pde_vs_particles
 
     dynamics, time = _dynamics(dynamics), _time(time)
@@ -317,11 +318,11 @@ def pde_command(
     if not (math.isfinite(dt) and dt > 0) or seeds < 1:
         raise UserError("--dt must be > 0 and --seeds >= 1")
     out = _out_dir(out)
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)  # stdout holds the JSON
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with console.status("solving"):
+        with make_console(stderr=True).status("solving"):
             result = pde_vs_particles(
                 beta, normalization=dynamics, time=time, ns=ns, times=moments, kappa=kappa,
                 cells=cells, sampling=sampling, seeds=seeds, dt=dt,
@@ -378,8 +379,8 @@ def phase_diagram_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """P(two tokens merged) over time, beta and d, with the equiangular ODE curve."""
-    from rich.console import Console
-
+    from tokenfield._progress import ProgressBar
+    from tokenfield._progress import console as make_console
     from tokenfield.meanfield.phase import PhaseDiagramConfig, SweepReport, phase_diagram, summarize
     from tokenfield.runs import check_writable_dir
 
@@ -394,14 +395,15 @@ def phase_diagram_command(
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     check_writable_dir(out)
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)  # stdout holds the JSON
     report = SweepReport(0, 0, "")
     out.mkdir(parents=True, exist_ok=True)
-    with console.status("sweeping"):
+    with ProgressBar("sweeping", total=None, unit="tasks") as bar:
         ds = phase_diagram(
             config, store=out / "phase_diagram.zarr",
             executor="dask" if (dask or scheduler) else "inprocess",
             scheduler=scheduler, n_workers=workers, overwrite=overwrite, report=report,
+            progress=lambda done, total: bar.update(total=total, completed=done),
         )  # fmt: skip
     summary = summarize(ds)
     summary["sweep"] = {
@@ -421,7 +423,12 @@ def phase_diagram_command(
 
 @app.command(
     "metastability",
-    epilog="Example: tokenfield metastability --betas 2:10 --caps 3 --dim 2 --out mf/",
+    epilog=(
+        "Example: tokenfield metastability --betas 2:12 --caps 3 --dim 2 --t-cap 2e5 "
+        "--fit-from 6 --out mf/\n\n"
+        "A time shown as inf means no merge before --t-cap: raise --t-cap (T grows like "
+        "e^beta) or fit over fewer betas."
+    ),
 )
 def metastability_command(
     betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "2:10",
@@ -433,6 +440,14 @@ def metastability_command(
     time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
     seeds: Annotated[int, typer.Option(help="Independent starts, batched.")] = 4,
     t_cap: Annotated[float, typer.Option("--t-cap", help="Give up after this time.")] = 5000.0,
+    fit_from: Annotated[
+        float | None,
+        typer.Option(
+            "--fit-from",
+            help="Fit the slope of log T over beta >= this value only (the asymptotic "
+            "regime); default: every beta where all seeds merged.",
+        ),
+    ] = None,
     eps: Annotated[float, typer.Option(help="Cluster threshold.")] = 1e-2,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Directory for JSON + figures.")
@@ -441,9 +456,9 @@ def metastability_command(
 ) -> None:
     """First-merge times of k separated clusters against beta, and the slope of log T."""
     import torch
-    from rich.console import Console
     from rich.table import Table
 
+    from tokenfield._progress import console as make_console
     from tokenfield.meanfield.metastability import cap_centres, metastability
 
     values = _numbers(betas, "--betas")
@@ -452,14 +467,15 @@ def metastability_command(
         raise UserError("need --caps >= 2, --per-cap >= 1, --seeds >= 1 and --t-cap > 0")
     cap_centres(caps, dim)
     out = _out_dir(out)
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)  # stdout holds the JSON
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with console.status("simulating"):
+        with make_console(stderr=True).status("simulating"):
             result = metastability(
                 values, k=caps, dim=dim, per_cap=per_cap, cap_radius=cap_radius,
                 normalization=dynamics, time=time, seeds=seeds, eps=eps, t_cap=t_cap,
+                fit_min_beta=fit_from,
             )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
@@ -470,9 +486,20 @@ def metastability_command(
         for b, row, med in zip(result.betas, result.merge_times, result.median_times, strict=True):
             table.add_row(f"{b:g}", " ".join(f"{t:.3g}" for t in row), f"{med:.4g}")
         console.print(table)
+        fitted = "" if fit_from is None else f" over beta >= {fit_from:g}"
         console.print(
-            f"slope of log T in beta: {result.slope:.3f} (log(T beta): {result.slope_corrected:.3f}); "
+            f"slope of log T in beta{fitted}: {result.slope:.3f} "
+            f"(log(T beta): {result.slope_corrected:.3f}); "
             f"predicted {result.predicted_slope:.3f}"
+        )
+    unmerged = [float(b) for b, row in zip(result.betas, result.merge_times, strict=True)
+                if not all(math.isfinite(float(t)) for t in row)]  # fmt: skip
+    if unmerged:
+        # A hint, on stderr, also with --json.
+        make_console(stderr=True).print(
+            f"hint: no merge before --t-cap {t_cap:g} at beta = "
+            f"{', '.join(f'{b:g}' for b in unmerged)} (shown as inf, left out of the fit); "
+            f"raise --t-cap, e.g. --t-cap {t_cap * 40:g}"
         )
     _emit(result.to_dict(), out, "metastability", as_json)
     _figures({"metastability": result}, out, console)

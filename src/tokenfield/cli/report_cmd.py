@@ -12,7 +12,7 @@ from tokenfield.cli._app import app
 
 @app.command(
     "report",
-    epilog="Example: tokenfield report runs/categories runs/spectrum --out report.html",
+    epilog="Example: tokenfield report runs/categories runs/spectrum --out runs/report.html",
 )
 def report_command(
     runs: Annotated[list[Path] | None, typer.Argument(help="Run directories.")] = None,
@@ -32,17 +32,26 @@ def report_command(
     """Write an offline HTML report: interactive trajectories, figures and tables.
 
     Uses each run's metrics.json and figures/ from 'tokenfield analyze' when
-    present (and analyses the others in memory, without writing to them).
+    present (and analyses the others in memory, without writing to them, saying
+    so). The figures of 'tokenfield lens' (RUN/figures/theory_*.png) are shown
+    with their run; add RUN/theory.html with --section for the lens's table.
     """
     import time
 
-    from rich.console import Console
+    from tokenfield._progress import console as make_console
+    from tokenfield.report.html import unanalysed_runs, write_report
+    from tokenfield.runs import read_run_info
 
-    from tokenfield.report.html import write_report
-
-    console = Console(stderr=True)
     started = time.perf_counter()
-    with console.status("writing the report"):
+    for run in runs or []:
+        read_run_info(run)  # a clear error before any work
+    in_memory = unanalysed_runs(runs or [])
+    with make_console(stderr=True).status("writing the report"):
         path = write_report(runs or [], out, title=title, sections=section or [])
+    for run in in_memory:
+        make_console(stderr=True).print(
+            f"note: {run} has no metrics.json: analysed in memory for the report, "
+            f"nothing saved (run 'tokenfield analyze {run}' to keep the analysis)"
+        )
     size = path.stat().st_size / 1e6
-    console.print(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")
+    make_console().print(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")

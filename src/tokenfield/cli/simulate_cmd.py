@@ -115,7 +115,6 @@ def simulate_command(
     states (time, particle, feature), time = ODE time.
     """
     import torch
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from tokenfield.particles import Adaptive, Dynamics, SaveAt, random_matrices, simulate
@@ -178,7 +177,9 @@ def simulate_command(
         },
         "matrices": {"ensemble": matrices, "heads": heads, "seed": seed},
     }
-    console = Console(stderr=True)
+    from tokenfield._progress import console as make_console
+
+    console = make_console(stderr=True)  # warnings and the bar; the result goes to stdout
     if integrator != "adaptive":
         _warn_large_step(console, model, x0, dt)
     columns = (
@@ -203,7 +204,7 @@ def simulate_command(
             extra_config=extra,
             progress=lambda t: bar.update(task, completed=t),
         )
-    console.print(
+    make_console().print(
         f"wrote {ds.sizes['time']} states of {ds.sizes['particle']} particles in d = {d} to {out}"
     )
 

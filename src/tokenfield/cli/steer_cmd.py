@@ -126,9 +126,9 @@ def steer_command(
     top-5 tokens, continuations, paths in the run's frozen PCA frame) and
     figures/steered_paths.png.
     """
-    from rich.console import Console
     from rich.table import Table
 
+    from tokenfield._progress import console as make_console
     from tokenfield.runs import open_run, write_json_atomic
     from tokenfield.steering.closed_loop import closed_loop
     from tokenfield.steering.vectors import SteeringVector, steering_vector
@@ -152,7 +152,7 @@ def steer_command(
         steer_vec = steering_vector(
             ds, source=source, target=target, layer=layer, method=method, run=str(run)
         )
-    console = Console(stderr=True)
+    console = make_console(stderr=True)  # progress; the table goes to stdout
     with console.status("loading model"):
         loaded = _load_run_model(ds, model)
     steer_vec.check_model(loaded)
@@ -186,8 +186,8 @@ def steer_command(
     for r in result["rows"]:
         table.add_row(r["condition"], f"{r['alpha']:g}", f"{r['progress_at_layer']:.2f}",
                       f"{r['progress_final']:.2f}", f"{r['kl_mean']:.3f}", f"{r['top1_changed']:.0%}")  # fmt: skip
-    Console().print(table)
-    console.print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
+    make_console().print(table)
+    make_console().print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
 
 
 @app.command(

@@ -81,14 +81,13 @@ def trace_command(
     With --attention and --logit-lens, also the attention statistics and the
     logit lens (read them with 'tokenfield lens RUN').
     """
-    from rich.console import Console
-
+    from tokenfield._progress import console as make_console
     from tokenfield.models.load import load_model
     from tokenfield.models.trace import trace
     from tokenfield.prompts import load_prompts
     from tokenfield.runs import check_writable_dir
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)  # progress; the result goes to stdout
     prompt_list = load_prompts(prompts)  # bad prompt input fails before any loading
     if positions not in ("last", "all"):
         from tokenfield.errors import UserError
@@ -117,7 +116,7 @@ def trace_command(
         overwrite=overwrite,
         progress=True,
     )
-    console.print(
+    make_console().print(
         f"[green]traced[/green] {ds.sizes['particle']} particles x {ds.sizes['time']} times "
         f"x {ds.sizes['feature']} features -> {out}"
     )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -296,6 +297,7 @@ def phase_diagram(
     n_workers: int = 2,
     overwrite: bool = False,
     report: SweepReport | None = None,
+    progress: Callable[[int, int], Any] | None = None,
 ) -> xr.Dataset:
     """Run the sweep and return the Dataset ``merged_probability (dim, beta, time)``,
     ``completed (dim, beta)``, ``equiangular_time (beta)``.
@@ -311,6 +313,8 @@ def phase_diagram(
         n_workers: workers of the default local cluster.
         overwrite: replace a store holding another sweep.
         report: filled in with what ran.
+        progress: called as ``progress(done, total)`` (tasks) at the start and
+            after each task.
     """
     if executor not in ("inprocess", "dask"):
         raise UserError(f"unknown executor {executor!r}", "use inprocess or dask")
@@ -318,7 +322,9 @@ def phase_diagram(
 
     threads = torch.get_num_threads()
     try:
-        return _phase_diagram(config, store, executor, scheduler, n_workers, overwrite, report)
+        return _phase_diagram(
+            config, store, executor, scheduler, n_workers, overwrite, report, progress
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -331,14 +337,19 @@ def _phase_diagram(
     n_workers: int,
     overwrite: bool,
     report: SweepReport | None,
+    progress: Callable[[int, int], Any] | None = None,
 ) -> xr.Dataset:
+    tick = progress or (lambda done, total: None)
     if store is None:
         if executor == "dask" or scheduler is not None:
             raise UserError("a Dask sweep writes into a Zarr store", "pass --out DIR")
         ds = _template(config, lazy=False)
-        for i, start, stop in config.blocks():
+        blocks = config.blocks()
+        tick(0, len(blocks))
+        for done, (i, start, stop) in enumerate(blocks, 1):
             ds[VARIABLE][i, start:stop] = compute_block(config, i, start, stop)
             ds["completed"][i, start:stop] = 1
+            tick(done, len(blocks))
         if report is not None:
             report.tasks_run, report.executor = len(config.blocks()), executor
         return ds
@@ -349,11 +360,13 @@ def _phase_diagram(
         report.tasks_run = len(pending)
         report.tasks_skipped = len(config.blocks()) - len(pending)
         report.executor = "dask" if (executor == "dask" or scheduler) else "inprocess"
+    tick(0, len(pending))
     if executor == "dask" or scheduler is not None:
-        _run_dask(config, store, pending, scheduler, n_workers, report)
+        _run_dask(config, store, pending, scheduler, n_workers, report, tick)
     else:
-        for task in pending:
+        for done, task in enumerate(pending, 1):
             write_block(config, store, *task)
+            tick(done, len(pending))
     return xr.open_zarr(store, consolidated=False).load()
 
 
@@ -364,8 +377,9 @@ def _run_dask(
     scheduler: str | None,
     n_workers: int,
     report: SweepReport | None,
+    tick: Callable[[int, int], Any] = lambda done, total: None,
 ) -> None:
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client, LocalCluster, as_completed
 
     cluster = None
     try:
@@ -390,7 +404,9 @@ def _run_dask(
                 client.submit(write_block, config, str(store.resolve()), *task, pure=False)
                 for task in tasks
             ]
-            client.gather(futures)
+            for done, future in enumerate(as_completed(futures), 1):
+                future.result()  # a task's error surfaces here
+                tick(done, len(futures))
             if report is not None:
                 report.scheduler = client.scheduler.address
                 report.workers = sorted(client.scheduler_info()["workers"])

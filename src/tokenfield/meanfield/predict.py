@@ -26,6 +26,7 @@ than ``O(e^{-100})``; SA needs no rescaling (its rates stay below ``2 / e``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -362,13 +363,16 @@ def cluster_prediction(
     betas: Any,
     *,
     normalizations: tuple[str, ...] = ("usa", "sa"),
+    progress: Callable[[], Any] | None = None,
     **options: Any,
 ) -> ClusterPrediction:
-    """:func:`first_plateau_experiment` for every ``beta`` and normalization."""
+    """:func:`first_plateau_experiment` for every ``beta`` and normalization
+    (``progress()`` is called after each)."""
     betas = [float(b) for b in np.atleast_1d(np.asarray(betas, dtype=float))]
-    results = [
-        first_plateau_experiment(beta, normalization=norm, **options)  # type: ignore[arg-type]
-        for norm in normalizations
-        for beta in betas
-    ]
+    results = []
+    for norm in normalizations:
+        for beta in betas:
+            results.append(first_plateau_experiment(beta, normalization=norm, **options))  # type: ignore[arg-type]
+            if progress is not None:
+                progress()
     return ClusterPrediction(tuple(results))

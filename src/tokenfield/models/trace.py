@@ -44,8 +44,9 @@ from tokenfield.models.attention import AttentionCapture, capture_attention, eag
 from tokenfield.models.capture import capture_residual, logit_lens
 from tokenfield.models.load import LoadedModel
 from tokenfield.models.sites import site_names
+from tokenfield.models.tokens import token_piece
 from tokenfield.prompts import Prompt, load_prompts
-from tokenfield.runs import CONFIG_ATTR, RunWriter, open_run, strings
+from tokenfield.runs import CONFIG_ATTR, TRAJECTORY, RunWriter, open_run, strings
 
 __all__ = ["trace", "encode_prompts", "Positions"]
 
@@ -154,7 +155,7 @@ def _piece(
     rows, cols = keep.nonzero(as_tuple=True)  # row-major, as the hooks flattened them
     n = int(rows.numel())
     width = keep.shape[1]
-    prompt_index, positions, tokens, is_last = [], [], [], []
+    prompt_index, positions, tokens, is_last, token_ids = [], [], [], [], []
     for row, col in zip(rows.tolist(), cols.tolist(), strict=True):
         item = batch[row]
         pad = width - len(item.ids) if model.causal else 0
@@ -162,6 +163,7 @@ def _piece(
         prompt_index.append(first_prompt + row)
         positions.append(pos)
         tokens.append(model.tokenizer.decode([item.ids[pos]]))
+        token_ids.append(int(item.ids[pos]))
         is_last.append(bool(last[row, col]))
     stacked = torch.stack(states).numpy()  # (time, particle, d)
     coords: dict[str, Any] = {
@@ -177,6 +179,8 @@ def _piece(
         "label": ("particle", strings(batch[i - first_prompt].prompt.label for i in prompt_index)),
         "position": ("particle", np.array(positions, dtype=np.int64)),
         "token": ("particle", strings(tokens)),
+        "token_id": ("particle", np.array(token_ids, dtype=np.int64)),
+        "token_piece": ("particle", strings(token_piece(model.tokenizer, t) for t in token_ids)),
         "is_last": ("particle", np.array(is_last, dtype=bool)),
     }
     data_vars: dict[str, Any] = {
@@ -289,7 +293,9 @@ def trace(
         the embedding output, ``time`` i the raw output of block i-1; the
         ``final_norm_states`` (particle, feature); per-particle coordinates
         ``prompt_index``, ``prompt``, ``category``, ``label``, ``position``,
-        ``token``, ``is_last``; and ``next_token_top``/``next_token_prob``
+        ``token`` (the decoded token: ``�`` for part of a character), ``token_id``,
+        ``token_piece`` (readable also for partial characters, e.g. ``<0xF0><0x9F>``:
+        :func:`tokenfield.models.tokens.token_piece`), ``is_last``; and ``next_token_top``/``next_token_prob``
         (particle, k) for the last token of each prompt (causal models).
 
         With ``attention``: ``attn_entropy``, ``attn_sink_mass``,
@@ -341,6 +347,8 @@ def trace(
             return open_run(out)
     start = writer.done if writer else 0
     particles = int(writer.info.progress.get("size", 0)) if writer else 0
+    # A partial run begun by a version without token ids resumes in its own layout.
+    legacy = bool(writer and start > 0 and not (Path(out) / TRAJECTORY / "token_id").exists())
     pieces: list[xr.Dataset] = []
     bar = ProgressBar(
         f"tracing {model.name}", len(encoded), enabled=progress, completed=start, unit="prompts"
@@ -387,6 +395,8 @@ def trace(
                 config["top_k"],
                 extras,
             )
+            if legacy:
+                piece = piece.drop_vars(["token_id", "token_piece"])
             particles += piece.sizes["particle"]
             if writer:
                 writer.append(piece, done=first + len(batch))

@@ -13,6 +13,9 @@ Accepted sources for :func:`load_prompts`:
 - ``.csv``: a header row with a ``text`` column and optional ``category``, ``label``;
 - ``.yaml`` / ``.yml``: a list of strings or of mappings with ``text`` (and
   optional ``category``, ``label``), or a mapping ``{category: [text, ...]}``.
+
+Any other field or column (a misspelled ``catgory``) is an error naming the
+known ones: silently ignoring it would leave the categories empty.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 from tokenfield.errors import UserError
 
 BUNDLED_SETS = ("seed-categories", "seed-spectrum")
+#: The fields (keys, columns) a prompt may have; any other is a typo and an error.
+FIELDS = ("text", "category", "label")
 
 __all__ = ["BUNDLED_SETS", "Prompt", "load_prompts", "as_prompts"]
 
@@ -121,6 +126,12 @@ def _from_mapping(item: dict[str, Any], source: str, number: int) -> Prompt:
             f"prompt #{number} in '{source}' has no 'text' string",
             "give every entry a 'text' field",
         )
+    unknown = [str(key) for key in item if key not in FIELDS and key is not None]
+    if unknown:
+        raise UserError(
+            f"prompt #{number} in '{source}' has an unknown field '{unknown[0]}'",
+            f"the known fields are {', '.join(FIELDS)} (check the spelling)",
+        )
     return Prompt(text, str(item.get("category") or ""), str(item.get("label") or ""))
 
 
@@ -151,6 +162,12 @@ def _parse_csv(text: str, source: str) -> list[Prompt]:
         raise UserError(
             f"CSV prompt file '{source}' has no 'text' column",
             "add a header row with a 'text' column (and optional 'category', 'label')",
+        )
+    unknown = [name for name in reader.fieldnames if name not in FIELDS]
+    if unknown:
+        raise UserError(
+            f"CSV prompt file '{source}' has an unknown column '{unknown[0]}'",
+            f"the known columns are {', '.join(FIELDS)} (check the spelling)",
         )
     return [_from_mapping(row, source, i) for i, row in enumerate(reader, start=1)]
 

@@ -9,7 +9,9 @@ metrics tables.
 
 A run analysed with ``tokenfield analyze`` contributes its ``metrics.json``,
 ``projection.npz`` and ``figures/``; a run that was not analysed is analysed
-in memory (its directory is left untouched).
+in memory (its directory is left untouched; :func:`unanalysed_runs` names them
+so that the command can say so). The theory-lens figures that ``tokenfield lens``
+wrote (``RUN/figures/theory_*.png``) are shown either way.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ CAPTIONS = {
     "trajectories_per_layer": "Each layer in its own PCA plane.",
     "trajectories_baseline": "The baseline run in its own PCA plane.",
 }
+THEORY_PREFIX = "theory_"
 NOTES = """
 <p class="note"><b>How to read the numbers.</b> Distances are cosine distances.
 <i>Spearman(PC1, layer)</i>: rank correlation of PC1 with the layer index (1: PC1 is depth).
@@ -101,11 +104,16 @@ def write_report(
         run_paths = [run_paths]
     paths = [Path(p) for p in run_paths]
     fragments = []
+    reported = {p.resolve() for p in paths}
     for section in sections:
         section = Path(section)
         if not section.is_file():
             raise UserError(f"section file '{section}' does not exist", "check the path")
-        fragments.append(section.read_text(encoding="utf-8"))
+        fragment = section.read_text(encoding="utf-8")
+        if section.name == "theory.html" and section.parent.resolve() not in reported:
+            # RUN/theory.html alone: its figures come with it (with RUN, in RUN's section).
+            fragment = _with_theory_figures(fragment, section.parent / FIGURES)
+        fragments.append(fragment)
     if not paths and not fragments:
         raise UserError("no runs given", "pass one or more run directories")
     out = Path(out)
@@ -174,6 +182,9 @@ def _run_section(path: Path, index: int) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             write_figures(result, tmp, animation=False)
             images = _read_images(Path(tmp))
+        # The lens's figures live in the run whether or not it was analysed.
+        theory = _read_images(path / FIGURES)
+        images.update({k: v for k, v in theory.items() if k.startswith(THEORY_PREFIX)})
     info = metrics.get("info", {})
     kind = info.get("kind", "trace")
     time_name = "layer" if kind == "trace" else "time"
@@ -207,6 +218,20 @@ def _run_section(path: Path, index: int) -> str:
     return "".join(parts)
 
 
+def _with_theory_figures(fragment: str, directory: Path) -> str:
+    images = {k: v for k, v in _read_images(directory).items() if k.startswith(THEORY_PREFIX)}
+    if not images:
+        return fragment
+    figures = "<h3>Figures</h3>" + _figures(images)
+    end = fragment.rfind("</section>")
+    return fragment[:end] + figures + fragment[end:] if end >= 0 else fragment + figures
+
+
+def unanalysed_runs(run_paths: Sequence[str | Path]) -> list[Path]:
+    """The runs without ``metrics.json``: the report analyses them in memory."""
+    return [Path(p) for p in run_paths if not (Path(p) / METRICS_JSON).is_file()]
+
+
 def _read_images(directory: Path) -> dict[str, tuple[str, bytes]]:
     if not directory.is_dir():
         return {}
@@ -218,19 +243,31 @@ def _read_images(directory: Path) -> dict[str, tuple[str, bytes]]:
                 file.read_bytes(),
             )
     order = {name: i for i, name in enumerate(FIGURE_ORDER)}
-    return dict(sorted(found.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
+
+    def rank(name: str) -> tuple[int, int, str]:  # the analysis's, then others, then the lens's
+        return (name.startswith(THEORY_PREFIX), order.get(name, len(order)), name)
+
+    return dict(sorted(found.items(), key=lambda item: rank(item[0])))
 
 
 def _figures(images: dict[str, tuple[str, bytes]]) -> str:
     out = []
     for name, (mime, content) in images.items():
         data = base64.b64encode(content).decode("ascii")
-        caption = CAPTIONS.get(name, name.replace("_", " "))
+        caption = CAPTIONS.get(name) or _theory_caption(name) or name.replace("_", " ")
         out.append(
             f'<figure><img alt="{html.escape(name)}" src="data:{mime};base64,{data}">'
             f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         )
     return "".join(out)
+
+
+def _theory_caption(name: str) -> str | None:
+    if not name.startswith(THEORY_PREFIX):
+        return None
+    from tokenfield.viz.theory import CAPTIONS as THEORY_CAPTIONS
+
+    return THEORY_CAPTIONS.get(name)
 
 
 def _cell(value: Any) -> str:

@@ -85,10 +85,10 @@ def plot_separation(
     else:
         fig = axes[0].figure
     quantiles = sep.attrs.get("null_quantiles", [0.025, 0.975])
-    band = f"null {quantiles[0]:.1%}-{quantiles[1]:.1%}"
-    for ax, score, title in (
-        (axes[0], "silhouette", "silhouette (cosine)"),
-        (axes[1], "ratio", "between / within distance"),
+    band = f"shuffled-label null, {quantiles[0]:.1%}-{quantiles[1]:.1%}"
+    for ax, score, title, ylabel in (
+        (axes[0], "silhouette", "silhouette (cosine)", "silhouette score (cosine)"),
+        (axes[1], "ratio", "between / within distance", "mean distance between / within"),
     ):
         runs = [("run", sep, "C0", "-")]
         if baseline is not None:
@@ -104,13 +104,23 @@ def plot_separation(
                 lw=0,
                 label=f"{name} {band}",
             )
-            ax.plot(times, data[f"{score}_null_mean"].values, color=colour, lw=0.8, ls=":")
+            ax.plot(times, data[f"{score}_null_mean"].values, color=colour, lw=0.8, ls=":",
+                    label=f"{name} null mean")  # fmt: skip
             ax.plot(times, data[score].values, color=colour, lw=2, ls=style, label=name)
         if score == "ratio":
             ax.axhline(1.0, color="gray", lw=0.6)
         ax.set_xlabel(time_name)
+        ax.set_ylabel(ylabel)
         ax.set_title(title)
-    axes[0].legend(fontsize=7, frameon=False)
+    # One legend for both panels, below them: it names the null bands and never
+    # covers the curves.
+    handles, labels = axes[0].get_legend_handles_labels()
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    if isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
+        fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    else:  # axes given by the caller: keep the legend in the first panel
+        axes[0].legend(handles, labels, fontsize=7, frameon=False)
     return fig
 
 
@@ -133,17 +143,23 @@ def plot_centroid_heatmap(
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_title(f"{time_name} {layer}", fontsize=10)
     if annotate and len(names) <= 12:
-        top = vmax if vmax else (matrix.max() or 1.0)
+        size = 9 if len(names) <= 6 else 7
         for i in range(len(names)):
             for j in range(len(names)):
+                if not np.isfinite(matrix[i, j]):
+                    continue
+                # black on light cells, white on dark ones (the cell's own luminance)
+                r, g, b, _ = image.cmap(image.norm(matrix[i, j]))
+                light = 0.299 * r + 0.587 * g + 0.114 * b > 0.5
                 ax.text(
                     j,
                     i,
                     f"{matrix[i, j]:.2f}",
                     ha="center",
                     va="center",
-                    fontsize=6,
-                    color="white" if matrix[i, j] < 0.6 * top else "black",
+                    fontsize=size,
+                    fontweight="bold",
+                    color="black" if light else "white",
                 )
     if colorbar:
         fig.colorbar(image, ax=ax, shrink=0.8, label="cosine distance")

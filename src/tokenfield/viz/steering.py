@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,10 @@ def plot_steered_paths(loop: dict[str, Any], ax: Any = None) -> Any:
     evr = loop.get("explained_variance_ratio") or [0, 0]
     ax.set_xlabel(f"PC1 ({100 * evr[0]:.0f}% var)")
     ax.set_ylabel(f"PC2 ({100 * evr[1]:.0f}% var)")
+    title = f"'{loop['source']}' steered toward '{loop['target']}' at layer {loop['layer']}"
     ax.set_title(
-        f"'{loop['source']}' steered toward '{loop['target']}' at layer {loop['layer']} "
-        "(blue: target prompts)"
+        "\n".join(textwrap.wrap(title, 60)) + "\n(blue: the target's prompts; grey: the others)",
+        fontsize=10,
     )
     ax.legend(fontsize=7)
     return ax

@@ -29,7 +29,8 @@ __all__ = [
 
 CAPTIONS = {
     "theory_clouds": "Token clouds by layer: the model (solid), its random-weight copy "
-    "(dashed) and the simulator started from the model's layer-0 tokens (dotted).",
+    "(dashed) and the simulator started from the model's layer-0 tokens (dotted); "
+    "cluster counts at each threshold eps (one marker each).",
     "theory_attention": "Attention as a Markov chain, per layer and head: sink mass, "
     "normalised row entropy and the spectral gap of the sink-free symmetrised chain.",
     "theory_beta": "Effective beta: the idealised attention flow (Q = K = V = I, and the "
@@ -39,6 +40,12 @@ CAPTIONS = {
     "shuffled-label null (mean and 95th percentile).",
     "theory_logit_lens": "Logit lens: rank of the model's final prediction at each layer.",
 }
+
+#: Fitted betas are shown (and drawn) only where the fit explains this much.
+MIN_R2 = 0.01
+NO_FIT = "n/a (R\u00b2 < 0.01)"
+
+EPS_MARKERS = ("o", "s", "^", "D", "v")
 
 STYLES = {
     "model": {"linestyle": "-", "color": "C0"},
@@ -67,22 +74,40 @@ def plot_clouds(model: Any, baseline: Any = None, simulated: Any = None, axes: A
         ("effective_dim", "effective dimension"),
     ]
     sources = [("model", model), ("random weights", baseline), ("simulation", simulated)]
+    # Colour and line style tell the source; the marker tells the eps level.
+    extra = sorted(
+        (k for k in model.values if k.startswith("cluster_count@")),
+        key=lambda k: float(k.split("@")[1]),
+    )
+    levels = [("cluster_count", f"eps = {model.eps:g}")]
+    levels += [(k, f"eps = {k.split('@')[1]}") for k in extra]
+    marks = dict(zip([k for k, _ in levels], EPS_MARKERS, strict=False))
+    every = max(1, len(model.time) // 10)
     for ax, (name, label) in zip(axes, panels, strict=True):
         for source, clouds in sources:
             if clouds is None:
                 continue
             style = STYLES[source]
-            ax.plot(clouds.time, clouds.mean(name), label=source, **style)
-            if name == "cluster_count":
-                extra = sorted(k for k in clouds.values if k.startswith("cluster_count@"))
-                for k, alpha in zip(extra, (0.6, 0.35, 0.2), strict=False):
-                    ax.plot(clouds.time, clouds.mean(k), alpha=alpha, **style)
+            if name != "cluster_count":
+                ax.plot(clouds.time, clouds.mean(name), label=source, **style)
+                continue
+            for key, _ in levels:
+                if key in clouds.values:
+                    ax.plot(clouds.time, clouds.mean(key), marker=marks.get(key, "x"),
+                            markevery=every, markersize=5, **style)  # fmt: skip
         ax.set_xlabel("layer")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    eps = model.eps
-    extra = ", ".join(k.split("@")[1] for k in model.values if k.startswith("cluster_count@"))
-    axes[1].set_title(f"eps = {eps:g} (dark){'; ' + extra + ' (lighter)' if extra else ''}")
+    if len(levels) > 1:
+        from matplotlib.lines import Line2D
+
+        handles = [
+            Line2D([], [], color="0.3", marker=marks.get(key, "x"), markersize=5, label=text)
+            for key, text in levels
+        ]
+        axes[1].legend(handles=handles, title="threshold (link if cos >= 1 - eps)",
+                       fontsize=8, title_fontsize=8)  # fmt: skip
+    axes[1].set_title("clusters at each threshold")
     axes[0].legend()
     return fig
 
@@ -156,7 +181,7 @@ def plot_effective_beta(
             style["color"] = "C1" if source == "model" else "C5"
         label = f"{source}, {field}"
         layer = fits.time[:-1]
-        shown = fits.column("r2") >= 0.01
+        shown = fits.column("r2") >= MIN_R2
         axes[0].plot(layer, np.where(shown, fits.column("beta"), np.nan), marker=".", **style)
         axes[1].plot(layer, np.where(shown, fits.column("step"), np.nan), marker=".", **style)
         axes[2].plot(layer, fits.column("r2"), marker=".", label=label, **style)
@@ -295,6 +320,15 @@ def theory_html_section(theory: dict[str, Any]) -> str:
         ("probe mean", col("probes", "pooled", "accuracy")),
         ("lens top-1", col("logit_lens", "top1")),
     ]
+    beta, r2 = col("effective_beta", "beta"), col("effective_beta", "r2")
+    if beta is not None and r2 is not None:  # beta only where its fit explains something
+        columns[4] = (
+            "beta",
+            [
+                b if (f is not None and f >= MIN_R2) else NO_FIT
+                for b, f in zip(beta, r2, strict=False)
+            ],
+        )
     present = [(name, values) for name, values in columns if values is not None]
     if not present:
         return ""
@@ -305,11 +339,12 @@ def theory_html_section(theory: dict[str, Any]) -> str:
         cells = []
         for _, values in present:
             value = values[t] if t < len(values) else None
-            cells.append(
-                "<td class='num'>&ndash;</td>"
-                if value is None
-                else f"<td class='num'>{value:.3g}</td>"
-            )
+            if value is None:
+                cells.append("<td class='num'>&ndash;</td>")
+            elif isinstance(value, str):
+                cells.append(f"<td class='num'>{html.escape(value)}</td>")
+            else:
+                cells.append(f"<td class='num'>{value:.3g}</td>")
         rows.append(f"<tr><td>{t}</td>{''.join(cells)}</tr>")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in theory.get("notes", []))
     claims = "".join(
@@ -319,7 +354,8 @@ def theory_html_section(theory: dict[str, Any]) -> str:
     return (
         "<h3>By layer</h3>"
         "<p class='note'>Rows are layers (time); beta, R^2 and the attention columns in row l "
-        "describe block l, the update from time l to l + 1.</p>"
+        "describe block l, the update from time l to l + 1. beta is shown only where its "
+        f"fit explains R^2 &ge; {MIN_R2:g} of the update.</p>"
         f"<div class='scroll'><table><tr><th>layer</th>{head}</tr>{''.join(rows)}</table></div>"
         + (f"<h3>Probes, corrected for the best layer</h3><ul>{claims}</ul>" if claims else "")
         + (f"<ul class='note'>{notes}</ul>" if notes else "")
