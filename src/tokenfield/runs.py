@@ -35,6 +35,8 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
+from tokenfield._lock import LOCK_NAME, WriterLock
+from tokenfield._lock import acquire as acquire_lock
 from tokenfield.errors import UserError
 
 RUN_JSON = "run.json"
@@ -120,6 +122,13 @@ class RunInfo:
         }
 
 
+def _user_files(path: Path) -> list[str]:
+    """Names in ``path`` other than tokenfield's lock file (none if it is missing)."""
+    if not path.is_dir():
+        return []
+    return sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)
+
+
 def is_run(path: str | Path) -> bool:
     return (Path(path) / RUN_JSON).is_file()
 
@@ -199,7 +208,15 @@ class RunWriter:
             directory holding a run with a different config is refused unless
             ``overwrite``.
         append_dim: the dimension that grows as pieces arrive.
-        overwrite: replace whatever run is at ``path``.
+        overwrite: replace the run at ``path`` (only tokenfield's own files are
+            deleted; a directory that is not a run is refused).
+        batch_size: recorded in ``run.json`` (progress); a partial run started
+            with another batch size is refused (its states would mix two
+            roundings; see :func:`tokenfield.trace`).
+
+    The writer holds the directory's lock (:mod:`tokenfield._lock`) from
+    construction until :meth:`finish` or :meth:`close`; a second writer fails
+    with :class:`UserError`.
 
     After construction, :attr:`done` says how many units of work (prompts,
     saved steps, ...) are already stored, so the caller skips them.
@@ -213,6 +230,7 @@ class RunWriter:
         *,
         append_dim: str,
         overwrite: bool = False,
+        batch_size: int | None = None,
     ):
         self.path = Path(path)
         self.append_dim = append_dim
@@ -220,6 +238,17 @@ class RunWriter:
         check_writable_dir(self.path)
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output path '{self.path}' is a file", "choose a directory for --out")
+        # One writer per run: the lock comes before anything in the directory is read
+        # or touched, and is held until finish() or close().
+        self._created = False
+        self._lock: WriterLock | None = acquire_lock(self.path, what="run")
+        try:
+            self._open(kind, overwrite, batch_size)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, kind: RunKind, overwrite: bool, batch_size: int | None) -> None:
         existing = read_run_info(self.path) if is_run(self.path) else None
         if existing is not None and not overwrite and existing.config != self.config:
             changed = sorted(
@@ -234,23 +263,53 @@ class RunWriter:
             )
         if existing is not None and not overwrite and existing.kind != kind:
             raise UserError(f"'{self.path}' holds a {existing.kind} run", "choose another --out")
-        if existing is None and self.path.is_dir() and any(self.path.iterdir()) and not overwrite:
+        if existing is None and _user_files(self.path):
             raise UserError(
-                f"output directory '{self.path}' exists and is not a tokenfield run",
-                "choose an empty or new directory, or pass --overwrite",
+                f"output directory '{self.path}' exists and is not a tokenfield run"
+                + (" (--overwrite only replaces runs)" if overwrite else ""),
+                "choose an empty or new directory",
             )
-        if overwrite and self.path.exists():
+        if (
+            existing is not None
+            and not overwrite
+            and not existing.complete
+            and batch_size is not None
+            and existing.progress.get("batch_size", batch_size) != batch_size
+        ):
+            before = existing.progress["batch_size"]
+            raise UserError(
+                f"'{self.path}' was started with --batch-size {before}, not {batch_size}; "
+                "a resume with another batch size would mix differently rounded states",
+                f"pass --batch-size {before} to resume, or --overwrite to start again",
+            )
+        if overwrite and existing is not None:
             self._clear()
             existing = None
         self.path.mkdir(parents=True, exist_ok=True)
+        self.batch_size = batch_size
+        self._created = existing is None
         if existing is None:
-            self.info = RunInfo(
-                self.path, kind, self.config, "partial", {"done": 0, "size": 0}, _version()
-            )
+            progress: dict[str, Any] = {"done": 0, "size": 0}
+            if batch_size is not None:
+                progress["batch_size"] = batch_size
+            self.info = RunInfo(self.path, kind, self.config, "partial", progress, _version())
             write_json_atomic(self.path / RUN_JSON, self.info.to_json())
         else:
             self.info = existing
-            self._trim_to_progress()
+            if not existing.complete:
+                self._trim_to_progress()
+
+    def close(self) -> None:
+        """Release the writer lock (finish() does it too); safe to call twice."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def store(self) -> Path:
@@ -310,7 +369,8 @@ class RunWriter:
             else:
                 piece.to_zarr(self.store, mode="w", consolidated=False)
         size = int(self.info.progress.get("size", 0)) + int(piece.sizes[self.append_dim])
-        self.info.progress = {**progress, "done": int(done), "size": size}
+        keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
+        self.info.progress = {**progress, **keep, "done": int(done), "size": size}
         write_json_atomic(self.path / RUN_JSON, self.info.to_json())
 
     def write_variables(self, variables: xr.Dataset) -> None:
@@ -337,6 +397,16 @@ class RunWriter:
         self.info.status = "complete"
         self.info.progress = {**self.info.progress, **progress}
         write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+        self.close()
+
+    def abandon(self) -> None:
+        """Remove the run this writer created (e.g. after a numerical blow-up), so
+        that a retry with other settings needs no --overwrite; then release.
+
+        A run that existed before this writer (a resume) is left as it was."""
+        if self._created:
+            self._clear()
+        self.close()
 
 
 def strings(values: Any) -> np.ndarray:

@@ -74,6 +74,9 @@ def _out_dir(out: Path | None) -> Path | None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     check_writable_dir(out)
+    from tokenfield._lock import hold_for_command
+
+    hold_for_command(out)  # one writer per output directory, until the command ends
     return out
 
 
@@ -394,6 +397,11 @@ def phase_diagram_command(
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     check_writable_dir(out)
+    from tokenfield._lock import hold_for_command
+
+    # The client holds the lock for the whole sweep; Dask workers write their own
+    # regions of the store under it.
+    hold_for_command(out)
     console = Console(stderr=as_json)
     report = SweepReport(0, 0, "")
     out.mkdir(parents=True, exist_ok=True)

@@ -179,6 +179,9 @@ def simulate_command(
         "matrices": {"ensemble": matrices, "heads": heads, "seed": seed},
     }
     console = Console(stderr=True)
+    from tokenfield._lock import hold_for_command
+
+    hold_for_command(out, what="run")
     if integrator != "adaptive":
         _warn_large_step(console, model, x0, dt)
     columns = (

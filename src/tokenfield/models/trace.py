@@ -269,7 +269,12 @@ def trace(
         model: from :func:`tokenfield.load_model` or :func:`tokenfield.wrap_model`.
         prompts: a bundled set name, a prompt file, or a list of strings/prompts.
         positions: ``"last"`` (last real token per prompt) or ``"all"`` (every token).
-        batch_size: prompts per forward pass (does not change the result).
+        batch_size: prompts per forward pass. It changes the stored states only
+            by float32 rounding (differently shaped matmuls): measured on
+            SmolLM2 between batch sizes 1, 8 and 25, the largest difference
+            per layer relative to that layer's largest |state| is
+            BATCH_TOLERANCE. A run records its batch size, and a resume
+            with another one is refused.
         chat: wrap each prompt in the model's chat template.
         truncate: keep the last tokens of a prompt longer than the context,
             instead of raising.
@@ -336,8 +341,16 @@ def trace(
         config["logit_lens"] = {"k": lens_k}
     writer = None
     if out is not None:
-        writer = RunWriter(out, "trace", config, append_dim="particle", overwrite=overwrite)
+        writer = RunWriter(
+            out,
+            "trace",
+            config,
+            append_dim="particle",
+            overwrite=overwrite,
+            batch_size=batch_size,
+        )
         if writer.complete:
+            writer.close()
             return open_run(out)
     start = writer.done if writer else 0
     particles = int(writer.info.progress.get("size", 0)) if writer else 0
@@ -346,6 +359,8 @@ def trace(
         f"tracing {model.name}", len(encoded), enabled=progress, completed=start, unit="prompts"
     )
     with contextlib.ExitStack() as stack:
+        if writer is not None:
+            stack.callback(writer.close)  # the lock goes however the loop ends
         stack.enter_context(bar)
         capture = stack.enter_context(capture_residual(model.sites))
         reducer: AttentionCapture | None = None
@@ -393,8 +408,9 @@ def trace(
             else:
                 pieces.append(piece)
             bar.advance(len(batch))
+        if writer:
+            writer.finish()
     if writer:
-        writer.finish()
         return open_run(out)  # type: ignore[arg-type]
     result = xr.concat(pieces, dim="particle", data_vars="all", coords="different", compat="equals")
     result.attrs = {
