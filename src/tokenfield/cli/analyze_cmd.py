@@ -61,7 +61,9 @@ def analyze_command(
 
     read_run_info(run)  # a missing or damaged run fails here, before any work
     if baseline is not None:
-        read_run_info(baseline)
+        from tokenfield.runs import check_baseline
+
+        check_baseline(run, baseline)  # same kind, dimension and prompts, or one line
     console = Console()
     started = time.perf_counter()
     with console.status(f"analysing {run}"):

@@ -28,6 +28,13 @@ def report_command(
             "scripts/meanfield_tables.py or RUN/theory.html of 'tokenfield lens'.",
         ),
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace --out even if it is not a tokenfield report (a report is always replaced).",
+        ),
+    ] = False,
 ) -> None:
     """Write an offline HTML report: interactive trajectories, figures and tables.
 
@@ -43,6 +50,8 @@ def report_command(
     console = Console(stderr=True)
     started = time.perf_counter()
     with console.status("writing the report"):
-        path = write_report(runs or [], out, title=title, sections=section or [])
+        path = write_report(
+            runs or [], out, title=title, sections=section or [], overwrite=overwrite
+        )
     size = path.stat().st_size / 1e6
     console.print(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")
