@@ -265,7 +265,7 @@ def load_model(
     kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    with _quiet_transformers():
+    with _quiet_transformers(), _unreadable_model(directory):
         from transformers import AutoConfig, AutoTokenizer
 
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
@@ -306,6 +306,25 @@ def _weights_files_hash(directory: Path) -> str:
     for file in files:
         digest.update(f"{file.name}:{_file_hash(file)}\n".encode())
     return "sha256:" + digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _unreadable_model(directory: Path):
+    """A truncated or garbage model file (config.json, tokenizer.json, weights)
+    becomes one line naming the directory, instead of a transformers traceback."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers, tokenizers, safetensors, json
+        text = " ".join(str(exc).split())[:160] or type(exc).__name__
+        inside_cache = cache_root().resolve() in Path(directory).resolve().parents
+        raise UserError(
+            f"cannot load the model in '{directory}' ({type(exc).__name__}: {text})",
+            "delete that directory: tokenfield rebuilds it"
+            if inside_cache
+            else "check its files (config.json, tokenizer files, weights)",
+        ) from None
 
 
 def _resolve_device(device: str) -> torch.device:
