@@ -7,7 +7,6 @@ function and checks the outcome on disk.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
