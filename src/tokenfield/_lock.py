@@ -68,7 +68,7 @@ class WriterLock:
 
 
 def _key(directory: str | Path) -> Path:
-    return Path(os.path.abspath(Path(directory).expanduser()))
+    return Path(os.path.realpath(Path(directory).expanduser()))
 
 
 def _holder(path: Path) -> str:
@@ -85,19 +85,20 @@ def acquire(directory: str | Path, *, what: str = "output directory") -> WriterL
         UserError: another process holds it (the message names its pid), or the
             directory cannot be created or written.
     """
+    shown = str(directory)  # as the user wrote it, for messages
     directory = _key(directory)
     held = _HELD.get(directory)
     if held is not None:
         held.count += 1
         return held
     if directory.exists() and not directory.is_dir():
-        raise UserError(f"output path '{directory}' is a file", "choose a directory for --out")
+        raise UserError(f"output path '{shown}' is a file", "choose a directory for --out")
     created = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(
-            f"cannot create output directory '{directory}' ({exc.strerror})",
+            f"cannot create output directory '{shown}' ({exc.strerror})",
             "choose another --out",
         ) from None
     path = directory / LOCK_NAME
@@ -109,7 +110,7 @@ def acquire(directory: str | Path, *, what: str = "output directory") -> WriterL
                 with contextlib.suppress(OSError):
                     directory.rmdir()
             raise UserError(
-                f"cannot write in {what} '{directory}' ({exc.strerror})", "choose another --out"
+                f"cannot write in {what} '{shown}' ({exc.strerror})", "choose another --out"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -118,7 +119,7 @@ def acquire(directory: str | Path, *, what: str = "output directory") -> WriterL
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
             raise UserError(
-                f"{what} '{directory}' is being written by {_holder(path)}",
+                f"{what} '{shown}' is being written by {_holder(path)}",
                 "wait for it to finish, or choose another --out",
             ) from None
         # The holder before us may have unlinked the file while we waited to lock

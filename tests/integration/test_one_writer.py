@@ -130,6 +130,7 @@ def test_two_traces_on_one_out_one_wins_and_the_run_is_clean(
     assert f"is being written by process {winner_pid}" in lines[0]
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "complete" and info["progress"]["done"] == N_PROMPTS
+    assert info["progress"]["batch_size"] == 2  # recorded, so a resume can check it
     xr.testing.assert_identical(load(out), load(clean_run))
     assert not (out / ".tokenfield.lock").exists()
 

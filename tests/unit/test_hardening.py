@@ -99,6 +99,12 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path, capsys):
         )
         assert code == 2
         assert f"being written by process {holder.pid}" in one_error_line(err)
+        # the Dask sweep's client takes the same lock before creating its store
+        code, _out, err = run_cli(
+            ["phase-diagram", "--dims", "2", "--betas", "1", "--out", out], capsys
+        )
+        assert code == 2
+        assert f"being written by process {holder.pid}" in one_error_line(err)
         assert sorted(p.name for p in out.iterdir()) == [_lock.LOCK_NAME]  # nothing written
     finally:
         holder.kill()

@@ -66,7 +66,7 @@ def _time(value: str) -> str:
     return value
 
 
-def _out_dir(out: Path | None) -> Path | None:
+def _out_dir(out: Path | None, *, lock: bool = True) -> Path | None:
     if out is None:
         return None
     from tokenfield.runs import check_writable_dir
@@ -76,7 +76,8 @@ def _out_dir(out: Path | None) -> Path | None:
     check_writable_dir(out)
     from tokenfield._lock import hold_for_command
 
-    hold_for_command(out)  # one writer per output directory, until the command ends
+    if lock:
+        hold_for_command(out)  # one writer per output directory, until the command ends
     return out
 
 
@@ -156,7 +157,7 @@ def stability_command(
     if out is not None and out.suffix.lower() not in (".png", ".svg"):
         raise UserError(f"--out '{out}' must end in .png or .svg")
     if out is not None:
-        _out_dir(out.parent if str(out.parent) else Path("."))
+        _out_dir(out.parent if str(out.parent) else Path("."), lock=False)  # one figure file
     console = Console()
     if beta is not None:
         spectrum = stability_spectrum(
