@@ -112,6 +112,8 @@ class RunInfo:
     # so a missing chunk file means damage (runs from before this was recorded
     # may legitimately lack all-NaN chunks and are not checked).
     all_chunks: bool = False
+    # SHA-256 of the model weights a trace used (tokenfield.models.load), if known.
+    weights_sha256: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -125,6 +127,7 @@ class RunInfo:
             "config": self.config,
             "progress": self.progress,
             **({"all_chunks_written": True} if self.all_chunks else {}),
+            **({"weights_sha256": self.weights_sha256} if self.weights_sha256 else {}),
         }
 
 
@@ -185,6 +188,7 @@ def read_run_info(path: str | Path) -> RunInfo:
         progress=progress,
         version=str(data.get("tokenfield_version", "")),
         all_chunks=data.get("all_chunks_written") is True,
+        weights_sha256=data.get("weights_sha256") or None,
     )
 
 
@@ -317,6 +321,8 @@ class RunWriter:
         batch_size: recorded in ``run.json`` (progress); a partial run started
             with another batch size is refused (its states would mix two
             roundings; see :func:`tokenfield.trace`).
+        weights_sha256: the hash of the model weights used, recorded in
+            ``run.json``; a partial run started with other weights is refused.
 
     The writer holds the directory's lock (:mod:`tokenfield._lock`) from
     construction until :meth:`finish` or :meth:`close`; a second writer fails
@@ -335,6 +341,7 @@ class RunWriter:
         append_dim: str,
         overwrite: bool = False,
         batch_size: int | None = None,
+        weights_sha256: str | None = None,
     ):
         self.path = Path(path)
         self.append_dim = append_dim
@@ -347,12 +354,14 @@ class RunWriter:
         self._created = False
         self._lock: WriterLock | None = acquire_lock(self.path, what="run")
         try:
-            self._open(kind, overwrite, batch_size)
+            self._open(kind, overwrite, batch_size, weights_sha256)
         except BaseException:
             self.close()
             raise
 
-    def _open(self, kind: RunKind, overwrite: bool, batch_size: int | None) -> None:
+    def _open(
+        self, kind: RunKind, overwrite: bool, batch_size: int | None, weights: str | None
+    ) -> None:
         existing = read_run_info(self.path) if is_run(self.path) else None
         if existing is not None and not overwrite and existing.config != self.config:
             changed = sorted(
@@ -386,6 +395,19 @@ class RunWriter:
                 "a resume with another batch size would mix differently rounded states",
                 f"pass --batch-size {before} to resume, or --overwrite to start again",
             )
+        if (
+            existing is not None
+            and not overwrite
+            and not existing.complete
+            and weights
+            and existing.weights_sha256
+            and existing.weights_sha256 != weights
+        ):
+            raise UserError(
+                f"'{self.path}' was started with other model weights "
+                f"({existing.weights_sha256[:19]}..., now {weights[:19]}...)",
+                "pass --overwrite to start again with these weights, or choose another --out",
+            )
         if overwrite and existing is not None:
             self._clear()
             existing = None
@@ -397,7 +419,14 @@ class RunWriter:
             if batch_size is not None:
                 progress["batch_size"] = batch_size
             self.info = RunInfo(
-                self.path, kind, self.config, "partial", progress, _version(), all_chunks=True
+                self.path,
+                kind,
+                self.config,
+                "partial",
+                progress,
+                _version(),
+                all_chunks=True,
+                weights_sha256=weights,
             )
             write_json_atomic(self.path / RUN_JSON, self.info.to_json())
         else:

@@ -9,6 +9,8 @@ line saying so, and the traced states must equal those of the clean cache.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -53,7 +55,7 @@ def clean(private_cache):
 
 
 @pytest.mark.parametrize("damage", [scale_one_layer, overwrite_4k])
-def test_a_damaged_cache_entry_is_rebuilt_never_used(clean, damage, capsys):
+def test_a_damaged_cache_entry_is_rebuilt_never_used(clean, damage, capsys, tmp_path):
     entry, weights_sha256, clean_states = clean
     weights = entry / "model.safetensors"
     damage(weights)
@@ -65,7 +67,8 @@ def test_a_damaged_cache_entry_is_rebuilt_never_used(clean, damage, capsys):
     assert len(rebuilt) == 1 and "model.safetensors does not match" in rebuilt[0], err
     assert "rebuilding them from SmolLM2" in rebuilt[0]
     assert loaded.weights_sha256 == weights_sha256
-    ds = tf.trace(loaded, PROMPTS)
+    ds = tf.trace(loaded, PROMPTS, out=tmp_path / "run")
     np.testing.assert_array_equal(ds["states"].values, clean_states)
-    assert ds.attrs["run"]["config"]["model"]["weights_sha256"] == weights_sha256
+    run_json = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run_json["weights_sha256"] == weights_sha256  # the verified weights it used
     assert load_module.verify_entry(entry)[0] is not None

@@ -7,6 +7,7 @@ function and checks the outcome on disk.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -284,6 +285,22 @@ def test_a_resume_with_another_batch_size_is_refused(tmp_path):
         run, "trace", {"a": 1}, append_dim="particle", batch_size=4, overwrite=True
     ) as w:
         assert w.done == 0
+
+
+# --- item 3: the weights a run used ----------------------------------------------
+
+
+def test_run_json_records_the_weights_and_a_resume_with_others_is_refused(tmp_path):
+    run = tmp_path / "r"
+    with RunWriter(run, "trace", {"a": 1}, append_dim="particle", weights_sha256="sha256:aa") as w:
+        w.append(piece(0, 2), done=1)
+    assert json.loads((run / "run.json").read_text())["weights_sha256"] == "sha256:aa"
+    before = tree(run)
+    with pytest.raises(UserError, match="started with other model weights.*--overwrite"):
+        RunWriter(run, "trace", {"a": 1}, append_dim="particle", weights_sha256="sha256:bb")
+    assert tree(run) == before
+    with RunWriter(run, "trace", {"a": 1}, append_dim="particle", weights_sha256="sha256:aa") as w:
+        assert w.done == 1
 
 
 # --- item 7: one line and exit 2 ------------------------------------------------

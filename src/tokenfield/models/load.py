@@ -118,7 +118,9 @@ class LoadedModel:
         source_hash: identifies the weights (file hash, or hub id/revision).
         weights_sha256: SHA-256 of the weights actually loaded (for a GGUF, of
             the dequantised cache file, verified on this load); ``None`` for
-            random or in-memory weights.
+            random or in-memory weights. A traced run records it in
+            ``run.json`` (``weights_sha256``, beside the config, so runs made
+            before it was recorded keep their config and still resume).
         sites: blocks and final norm (see :mod:`tokenfield.models.sites`).
         random_weights: True for a random-weight copy of the architecture.
     """
@@ -164,9 +166,7 @@ class LoadedModel:
 
     def run_config(self) -> dict[str, Any]:
         """What identifies this model in a run's config."""
-        weights = {"weights_sha256": self.weights_sha256} if self.weights_sha256 else {}
         return {
-            **weights,
             "name": self.name,
             "source_hash": self.source_hash,
             "model_type": self.model.config.model_type,
@@ -575,6 +575,8 @@ def _dequantised_dir(gguf: Path, file_hash: str | None = None) -> tuple[Path, st
                 f"tokenfield: the cached weights in {target} are damaged ({problem}); "
                 f"rebuilding them from {gguf.name}",
                 soft_wrap=True,
+                markup=False,
+                highlight=False,
             )
         else:
             console.print(

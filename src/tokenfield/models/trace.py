@@ -351,6 +351,7 @@ def trace(
             append_dim="particle",
             overwrite=overwrite,
             batch_size=batch_size,
+            weights_sha256=model.weights_sha256,
         )
         if writer.complete:
             writer.close()
@@ -419,6 +420,11 @@ def trace(
     result.attrs = {
         CONFIG_ATTR: json.dumps(config),
         "kind": "trace",
-        "run": {"kind": "trace", "status": "complete", "config": config},
+        "run": {
+            "kind": "trace",
+            "status": "complete",
+            "config": config,
+            **({"weights_sha256": model.weights_sha256} if model.weights_sha256 else {}),
+        },
     }
     return result
