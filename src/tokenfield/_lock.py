@@ -105,6 +105,18 @@ def acquire(directory: str | Path, *, what: str = "output directory") -> WriterL
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            # A holder that had created the directory removed it on release
+            # between our mkdir and this open: make it again and retry.
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(
+                    f"cannot create output directory '{shown}' ({exc.strerror})",
+                    "choose another --out",
+                ) from None
+            created = True
+            continue
         except OSError as exc:
             if created:
                 with contextlib.suppress(OSError):
