@@ -35,6 +35,8 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
+from tokenfield._lock import LOCK_NAME, WriterLock
+from tokenfield._lock import acquire as acquire_lock
 from tokenfield.errors import UserError
 
 RUN_JSON = "run.json"
@@ -47,6 +49,7 @@ DERIVED = (METRICS_JSON, FIGURES, "projection.npz", "theory.json", "theory.html"
 CONFIG_ATTR = "tokenfield_config"
 
 RunKind = Literal["trace", "simulation"]
+KINDS = ("trace", "simulation")
 Status = Literal["partial", "complete"]
 
 
@@ -105,6 +108,12 @@ class RunInfo:
     status: Status = "partial"
     progress: dict[str, Any] = field(default_factory=dict)
     version: str = ""
+    # Every chunk of the store is written, even one holding only the fill value,
+    # so a missing chunk file means damage (runs from before this was recorded
+    # may legitimately lack all-NaN chunks and are not checked).
+    all_chunks: bool = False
+    # SHA-256 of the model weights a trace used (tokenfield.models.load), if known.
+    weights_sha256: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -117,7 +126,16 @@ class RunInfo:
             "tokenfield_version": self.version,
             "config": self.config,
             "progress": self.progress,
+            **({"all_chunks_written": True} if self.all_chunks else {}),
+            **({"weights_sha256": self.weights_sha256} if self.weights_sha256 else {}),
         }
+
+
+def _user_files(path: Path) -> list[str]:
+    """Names in ``path`` other than tokenfield's lock file (none if it is missing)."""
+    if not path.is_dir():
+        return []
+    return sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)
 
 
 def is_run(path: str | Path) -> bool:
@@ -140,20 +158,45 @@ def read_run_info(path: str | Path) -> RunInfo:
             f"'{path}' is not a tokenfield run (no {RUN_JSON})",
             "pass a directory written by 'tokenfield trace' or 'tokenfield simulate'",
         )
+    fix = "re-create the run with --overwrite (run.json is written by tokenfield only)"
     try:
-        data = json.loads(meta.read_text())
-        return RunInfo(
-            path=path,
-            kind=data["kind"],
-            config=data["config"],
-            status=data.get("status", "partial"),
-            progress=data.get("progress", {}),
-            version=data.get("tokenfield_version", ""),
-        )
-    except (json.JSONDecodeError, KeyError) as exc:
+        data = json.loads(meta.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"'{meta}' is damaged (not UTF-8 text)", fix) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"'{meta}' is damaged ({exc})", fix) from None
+    except OSError as exc:
+        raise UserError(f"cannot read '{meta}' ({exc.strerror})", "check its permissions") from None
+    if not isinstance(data, dict):
+        raise UserError(f"'{meta}' is damaged (a JSON {type(data).__name__}, not an object)", fix)
+    problems = []
+    if "kind" not in data or "config" not in data:
+        problems.append("no " + " or ".join(k for k in ("kind", "config") if k not in data))
+    elif not isinstance(data["config"], dict):
+        problems.append(f"'config' is a {type(data['config']).__name__}, not an object")
+    elif data["kind"] not in KINDS:
         raise UserError(
-            f"'{meta}' is damaged ({exc})", "re-create the run with --overwrite"
-        ) from None
+            f"'{meta}' has an unknown kind {data['kind']!r}",
+            f"tokenfield reads runs of kind {' or '.join(KINDS)}; re-create it with --overwrite",
+        )
+    status = data.get("status", "partial")
+    if status not in ("partial", "complete"):
+        problems.append(f"unknown status {status!r}")
+    progress = data.get("progress", {})
+    if not isinstance(progress, dict):
+        problems.append(f"'progress' is a {type(progress).__name__}, not an object")
+    if problems:
+        raise UserError(f"'{meta}' is damaged ({'; '.join(problems)})", fix)
+    return RunInfo(
+        path=path,
+        kind=data["kind"],
+        config=data["config"],
+        status=status,
+        progress=progress,
+        version=str(data.get("tokenfield_version", "")),
+        all_chunks=data.get("all_chunks_written") is True,
+        weights_sha256=data.get("weights_sha256") or None,
+    )
 
 
 def _runs_inside(path: Path) -> list[str]:
@@ -180,6 +223,8 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     store = Path(path) / TRAJECTORY
     if not store.exists():
         raise UserError(f"run '{path}' has no {TRAJECTORY}", "re-create it with --overwrite")
+    if info.complete and info.all_chunks:
+        check_chunks(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds = xr.open_zarr(store, consolidated=False)
@@ -189,6 +234,78 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
         ds.coords[name] = ds.coords[name].load()
     ds.attrs["run"] = info.to_json()
     return ds
+
+
+def _feature_dim(info: RunInfo) -> int | None:
+    import zarr
+
+    with contextlib.suppress(Exception), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        array = zarr.open_group(str(info.path / TRAJECTORY), mode="r")["states"]
+        return int(array.shape[-1])
+    return None
+
+
+def _prompt_texts(info: RunInfo) -> list[str] | None:
+    prompts = info.config.get("prompts")
+    if not isinstance(prompts, list):
+        return None
+    return [p.get("text") if isinstance(p, dict) else p for p in prompts]
+
+
+def check_baseline(run: str | Path, baseline: str | Path) -> None:
+    """Refuse a baseline that cannot be compared with ``run``: another kind,
+    another feature dimension, or (traces) other prompts or another order.
+
+    Raises:
+        UserError: one line naming the difference.
+    """
+    info, base = read_run_info(run), read_run_info(baseline)
+    fix = "pass a baseline made the same way (e.g. the same trace with --random-weights)"
+    if info.kind != base.kind:
+        raise UserError(f"baseline '{baseline}' is a {base.kind} run, '{run}' a {info.kind}", fix)
+    d_run, d_base = _feature_dim(info), _feature_dim(base)
+    if d_run is not None and d_base is not None and d_run != d_base:
+        raise UserError(
+            f"baseline '{baseline}' has d = {d_base} features, '{run}' has d = {d_run}", fix
+        )
+    texts, base_texts = _prompt_texts(info), _prompt_texts(base)
+    if texts is not None and base_texts is not None and texts != base_texts:
+        if sorted(map(str, texts)) == sorted(map(str, base_texts)):
+            what = "the same prompts in another order"
+        else:
+            what = "other prompts" + (
+                f" ({len(base_texts)} vs {len(texts)})" if len(texts) != len(base_texts) else ""
+            )
+        raise UserError(f"baseline '{baseline}' holds {what} than '{run}'", fix)
+
+
+def check_chunks(path: str | Path) -> None:
+    """Raise :class:`UserError` when a chunk file of the run's store is missing
+    (a deleted chunk would otherwise read back as NaN, silently)."""
+    import zarr
+
+    store = Path(path) / TRAJECTORY
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            group = zarr.open_group(str(store), mode="r")
+            for name, array in group.arrays():
+                missing = array.nchunks - array.nchunks_initialized
+                if missing:
+                    raise UserError(
+                        f"run '{path}' is damaged: {missing} of the {array.nchunks} chunk "
+                        f"files of '{name}' in {TRAJECTORY} are missing",
+                        "re-create the run with the same command and --overwrite",
+                    )
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zarr reports damage in many types
+        raise UserError(
+            f"run '{path}' has a damaged {TRAJECTORY} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})",
+            "re-create the run with the same command and --overwrite",
+        ) from None
 
 
 def check_writable_dir(path: Path) -> None:
@@ -214,7 +331,17 @@ class RunWriter:
             directory holding a run with a different config is refused unless
             ``overwrite``.
         append_dim: the dimension that grows as pieces arrive.
-        overwrite: replace whatever run is at ``path``.
+        overwrite: replace the run at ``path`` (only tokenfield's own files are
+            deleted; a directory that is not a run is refused).
+        batch_size: recorded in ``run.json`` (progress); a partial run started
+            with another batch size is refused (its states would mix two
+            roundings; see :func:`tokenfield.trace`).
+        weights_sha256: the hash of the model weights used, recorded in
+            ``run.json``; a partial run started with other weights is refused.
+
+    The writer holds the directory's lock (:mod:`tokenfield._lock`) from
+    construction until :meth:`finish` or :meth:`close`; a second writer fails
+    with :class:`UserError`.
 
     After construction, :attr:`done` says how many units of work (prompts,
     saved steps, ...) are already stored, so the caller skips them.
@@ -228,6 +355,8 @@ class RunWriter:
         *,
         append_dim: str,
         overwrite: bool = False,
+        batch_size: int | None = None,
+        weights_sha256: str | None = None,
     ):
         self.path = Path(path)
         self.append_dim = append_dim
@@ -235,6 +364,19 @@ class RunWriter:
         check_writable_dir(self.path)
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output path '{self.path}' is a file", "choose a directory for --out")
+        # One writer per run: the lock comes before anything in the directory is read
+        # or touched, and is held until finish() or close().
+        self._created = False
+        self._lock: WriterLock | None = acquire_lock(self.path, what="run")
+        try:
+            self._open(kind, overwrite, batch_size, weights_sha256)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(
+        self, kind: RunKind, overwrite: bool, batch_size: int | None, weights: str | None
+    ) -> None:
         existing = read_run_info(self.path) if is_run(self.path) else None
         if existing is not None and not overwrite and existing.config != self.config:
             changed = sorted(
@@ -249,23 +391,76 @@ class RunWriter:
             )
         if existing is not None and not overwrite and existing.kind != kind:
             raise UserError(f"'{self.path}' holds a {existing.kind} run", "choose another --out")
-        if existing is None and self.path.is_dir() and any(self.path.iterdir()) and not overwrite:
+        if existing is None and _user_files(self.path):
             raise UserError(
-                f"output directory '{self.path}' exists and is not a tokenfield run",
-                "choose an empty or new directory, or pass --overwrite",
+                f"output directory '{self.path}' exists and is not a tokenfield run"
+                + (" (--overwrite only replaces runs)" if overwrite else ""),
+                "choose an empty or new directory",
             )
-        if overwrite and self.path.exists():
+        if (
+            existing is not None
+            and not overwrite
+            and not existing.complete
+            and batch_size is not None
+            and existing.progress.get("batch_size", batch_size) != batch_size
+        ):
+            before = existing.progress["batch_size"]
+            raise UserError(
+                f"'{self.path}' was started with --batch-size {before}, not {batch_size}; "
+                "a resume with another batch size would mix differently rounded states",
+                f"pass --batch-size {before} to resume, or --overwrite to start again",
+            )
+        if (
+            existing is not None
+            and not overwrite
+            and not existing.complete
+            and weights
+            and existing.weights_sha256
+            and existing.weights_sha256 != weights
+        ):
+            raise UserError(
+                f"'{self.path}' was started with other model weights "
+                f"({existing.weights_sha256[:19]}..., now {weights[:19]}...)",
+                "pass --overwrite to start again with these weights, or choose another --out",
+            )
+        if overwrite and existing is not None:
             self._clear()
             existing = None
         self.path.mkdir(parents=True, exist_ok=True)
+        self.batch_size = batch_size
+        self._created = existing is None
         if existing is None:
+            progress: dict[str, Any] = {"done": 0, "size": 0}
+            if batch_size is not None:
+                progress["batch_size"] = batch_size
             self.info = RunInfo(
-                self.path, kind, self.config, "partial", {"done": 0, "size": 0}, _version()
+                self.path,
+                kind,
+                self.config,
+                "partial",
+                progress,
+                _version(),
+                all_chunks=True,
+                weights_sha256=weights,
             )
             write_json_atomic(self.path / RUN_JSON, self.info.to_json())
         else:
             self.info = existing
-            self._trim_to_progress()
+            if not existing.complete:
+                self._check_store_writable()
+                self._trim_to_progress()
+
+    def close(self) -> None:
+        """Release the writer lock (finish() does it too); safe to call twice."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def store(self) -> Path:
@@ -287,6 +482,18 @@ class RunWriter:
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
+
+    def _check_store_writable(self) -> None:
+        """A resume rewrites the store: refuse a read-only one up front."""
+        if not self.store.exists():
+            return
+        for folder, _dirs, files in os.walk(self.store):
+            for entry in [folder, *(os.path.join(folder, f) for f in files)]:
+                if not os.access(entry, os.W_OK):
+                    raise UserError(
+                        f"cannot resume '{self.path}': '{entry}' is read-only",
+                        "make the run writable again (chmod -R u+w), or choose another --out",
+                    )
 
     def _trim_to_progress(self) -> None:
         """Drop rows written after the last recorded progress (a kill mid-append)."""
@@ -318,21 +525,27 @@ class RunWriter:
         """
         piece = piece.copy()
         piece.attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": self.info.kind}
-        with warnings.catch_warnings():
+        with _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if self.store.exists():
-                piece.to_zarr(self.store, append_dim=self.append_dim, consolidated=False)
+                piece.to_zarr(
+                    self.store,
+                    append_dim=self.append_dim,
+                    consolidated=False,
+                    write_empty_chunks=True,
+                )
             else:
-                piece.to_zarr(self.store, mode="w", consolidated=False)
+                piece.to_zarr(self.store, mode="w", consolidated=False, write_empty_chunks=True)
         size = int(self.info.progress.get("size", 0)) + int(piece.sizes[self.append_dim])
-        self.info.progress = {**progress, "done": int(done), "size": size}
+        keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
+        self.info.progress = {**progress, **keep, "done": int(done), "size": size}
         write_json_atomic(self.path / RUN_JSON, self.info.to_json())
 
     def write_variables(self, variables: xr.Dataset) -> None:
         """Add variables that do not grow (e.g. computed at the end) to the store."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            variables.to_zarr(self.store, mode="a", consolidated=False)
+            variables.to_zarr(self.store, mode="a", consolidated=False, write_empty_chunks=True)
         if self.complete:
             self._consolidate()
 
@@ -352,6 +565,29 @@ class RunWriter:
         self.info.status = "complete"
         self.info.progress = {**self.info.progress, **progress}
         write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+        self.close()
+
+    def abandon(self) -> None:
+        """Remove the run this writer created (e.g. after a numerical blow-up), so
+        that a retry with other settings needs no --overwrite; then release.
+
+        A run that existed before this writer (a resume) is left as it was."""
+        if self._created:
+            self._clear()
+        self.close()
+
+
+@contextlib.contextmanager
+def _write_errors(store: Path):
+    """An OS error while writing the store (read-only, disk full) becomes one line;
+    the run stays partial and resumes once the cause is fixed."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(
+            f"cannot write '{store}' ({exc.strerror or exc})",
+            "fix the cause (permissions, free space), then run the same command again",
+        ) from None
 
 
 def strings(values: Any) -> np.ndarray:

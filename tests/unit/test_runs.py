@@ -116,10 +116,22 @@ def test_atomic_json_has_the_usual_mode(tmp_path):
 
 def test_overwrite_removes_derived_files_and_keeps_the_users(tmp_path):
     run = tmp_path / "r"
-    RunWriter(run, "trace", {"a": 1}, append_dim="particle").append(piece(0, 1), done=1)
+    with RunWriter(run, "trace", {"a": 1}, append_dim="particle") as writer:
+        writer.append(piece(0, 1), done=1)
     for name in ("metrics.json", "theory.json", "theory.html", "projection.npz"):
         (run / name).write_text("stale")
     (run / "figures").mkdir()
     (run / "notes.txt").write_text("mine")
-    RunWriter(run, "trace", {"a": 2}, append_dim="particle", overwrite=True)
+    RunWriter(run, "trace", {"a": 2}, append_dim="particle", overwrite=True).close()
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "run.json"]
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_run(tmp_path):
+    mine = tmp_path / "mine"
+    (mine / "figures").mkdir(parents=True)
+    (mine / "figures" / "plot.png").write_text("user's figure")
+    (mine / "metrics.json").write_text("{}")
+    with pytest.raises(UserError, match="not a tokenfield run.*only replaces runs"):
+        RunWriter(mine, "trace", {}, append_dim="particle", overwrite=True)
+    assert (mine / "figures" / "plot.png").read_text() == "user's figure"
+    assert sorted(p.name for p in mine.iterdir()) == ["figures", "metrics.json"]

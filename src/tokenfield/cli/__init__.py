@@ -7,7 +7,10 @@ one line on stderr and exit status 2, with no traceback.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 
 from tokenfield.cli._app import app
 from tokenfield.errors import UserError
@@ -28,19 +31,60 @@ from tokenfield.cli import (  # noqa: E402,F401  isort: skip
 __all__ = ["app", "main"]
 
 
+class Interrupted(BaseException):
+    """Raised by the signal handlers that :func:`main` installs (SIGINT, SIGTERM).
+
+    A ``BaseException`` that is not ``KeyboardInterrupt``, so that neither typer
+    (which turns ``KeyboardInterrupt`` into a bare return code) nor library code
+    swallows it; ``finally`` blocks and context managers still run, so a run
+    is left ``partial`` with its progress recorded and resumable."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+RESUME_LINE = "tokenfield: interrupted; run the same command again to resume."
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _install_signal_handlers() -> dict[int, object]:
+    previous: dict[int, object] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):
+            previous[signum] = signal.signal(signum, _raise_interrupted)
+    return previous
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    Exit status: 0 done, 2 a user error (one line on stderr), 130 / 143
+    interrupted by SIGINT (Ctrl-C) / SIGTERM (one line saying how to resume).
+    """
+    from tokenfield import _lock
+
+    previous = _install_signal_handlers()
     try:
-        app(args=argv, standalone_mode=False, prog_name="tokenfield")
+        code = app(args=argv, standalone_mode=False, prog_name="tokenfield")
+        if isinstance(code, int) and not isinstance(code, bool) and code == 130:
+            # typer's own KeyboardInterrupt path (an interrupt outside our handler).
+            print(RESUME_LINE, file=sys.stderr)
+            sys.exit(130)
+    except Interrupted as exc:
+        print(RESUME_LINE, file=sys.stderr)
+        sys.exit(128 + exc.signum)
+    except KeyboardInterrupt:
+        print(RESUME_LINE, file=sys.stderr)
+        sys.exit(130)
     except UserError as exc:
         print(f"tokenfield: error: {exc.one_line()}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print(
-            "tokenfield: interrupted; run the same command again to resume.",
-            file=sys.stderr,
-        )
-        sys.exit(130)
     except SystemExit:
         raise
     except Exception as exc:
@@ -60,3 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             print("tokenfield: aborted.", file=sys.stderr)
             sys.exit(130)
         raise
+    finally:
+        _lock.release_all()
+        for signum, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signum, handler)  # type: ignore[arg-type]

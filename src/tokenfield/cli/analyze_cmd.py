@@ -76,7 +76,9 @@ def analyze_command(
         raise UserError(f"unknown --times '{times}'", "use --times seed or --times all")
     read_run_info(run)  # a missing or damaged run fails here, before any work
     if baseline is not None:
-        read_run_info(baseline)
+        from tokenfield.runs import check_baseline
+
+        check_baseline(run, baseline)  # same kind, dimension and prompts, or one line
     console = make_console()  # the table and "wrote": the spinner is on stderr
     started = time.perf_counter()
     with make_console(stderr=True).status(f"analysing {run}"):

@@ -66,7 +66,7 @@ def _time(value: str) -> str:
     return value
 
 
-def _out_dir(out: Path | None) -> Path | None:
+def _out_dir(out: Path | None, *, lock: bool = True) -> Path | None:
     if out is None:
         return None
     from tokenfield.runs import check_writable_dir
@@ -74,6 +74,10 @@ def _out_dir(out: Path | None) -> Path | None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     check_writable_dir(out)
+    from tokenfield._lock import hold_for_command
+
+    if lock:
+        hold_for_command(out)  # one writer per output directory, until the command ends
     return out
 
 
@@ -153,7 +157,7 @@ def stability_command(
     if out is not None and out.suffix.lower() not in (".png", ".svg"):
         raise UserError(f"--out '{out}' must end in .png or .svg")
     if out is not None:
-        _out_dir(out.parent if str(out.parent) else Path("."))
+        _out_dir(out.parent if str(out.parent) else Path("."), lock=False)  # one figure file
     console = make_console()
     if beta is not None:
         spectrum = stability_spectrum(
@@ -395,6 +399,11 @@ def phase_diagram_command(
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     check_writable_dir(out)
+    from tokenfield._lock import hold_for_command
+
+    # The client holds the lock for the whole sweep; Dask workers write their own
+    # regions of the store under it.
+    hold_for_command(out)
     console = make_console(stderr=as_json)  # stdout holds the JSON
     report = SweepReport(0, 0, "")
     out.mkdir(parents=True, exist_ok=True)

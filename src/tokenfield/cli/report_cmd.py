@@ -28,6 +28,13 @@ def report_command(
             "scripts/meanfield_tables.py or RUN/theory.html of 'tokenfield lens'.",
         ),
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace --out even if it is not a tokenfield report (a report is always replaced).",
+        ),
+    ] = False,
 ) -> None:
     """Write an offline HTML report: interactive trajectories, figures and tables.
 
@@ -47,7 +54,9 @@ def report_command(
         read_run_info(run)  # a clear error before any work
     in_memory = unanalysed_runs(runs or [])
     with make_console(stderr=True).status("writing the report"):
-        path = write_report(runs or [], out, title=title, sections=section or [])
+        path = write_report(
+            runs or [], out, title=title, sections=section or [], overwrite=overwrite
+        )
     for run in in_memory:
         make_console(stderr=True).print(
             f"note: {run} has no metrics.json: analysed in memory for the report, "

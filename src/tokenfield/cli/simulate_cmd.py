@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -138,6 +139,8 @@ def simulate_command(
     torch_dtype = getattr(torch, dtype)
     solver = Adaptive(rtol=rtol, atol=atol) if integrator == "adaptive" else get_solver(integrator)
     from_run = init.startswith("run:")
+    if not from_run:
+        _check_memory(n if n is not None else 32, dim if dim is not None else 3, batch, dtype)
     x0 = initial_condition(
         init,
         n if (n is not None or from_run) else 32,
@@ -177,9 +180,11 @@ def simulate_command(
         },
         "matrices": {"ensemble": matrices, "heads": heads, "seed": seed},
     }
+    from tokenfield._lock import hold_for_command
     from tokenfield._progress import console as make_console
 
     console = make_console(stderr=True)  # warnings and the bar; the result goes to stdout
+    hold_for_command(out, what="run")
     if integrator != "adaptive":
         _warn_large_step(console, model, x0, dt)
     columns = (
@@ -207,6 +212,50 @@ def simulate_command(
     make_console().print(
         f"wrote {ds.sizes['time']} states of {ds.sizes['particle']} particles in d = {d} to {out}"
     )
+
+
+# Copies of the state a step holds at once (start, RK4 stages, the retraction,
+# the frame kept for saving), with room to spare.
+STATE_COPIES = 12
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_memory(n: int, dim: int, batch: int | None, dtype: str) -> None:
+    """Refuse, before allocating anything, a system too large for this machine."""
+    if n < 1 or dim < 1 or (batch is not None and batch < 1):
+        return  # the initial condition reports these
+    itemsize = 8 if dtype == "float64" else 4
+    state = (batch or 1) * n * dim * itemsize
+    need = state * STATE_COPIES
+    available = _available_memory()
+    if available is not None and need > available:
+        raise UserError(
+            f"--n {n} in d = {dim}{f' x {batch} systems' if batch else ''} needs about "
+            f"{_size(need)} of memory ({_size(state)} per copy of the states); "
+            f"{_size(available)} is available",
+            "use a smaller --n, --dim or --batch",
+        )
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:.3g} {unit}"
+        count /= 1000
+    return f"{count:.3g} TB"
 
 
 def _warn_large_step(console, model, x0, dt: float) -> None:

@@ -33,14 +33,26 @@ def _ints(text: str, flag: str) -> list[int]:
         ) from None
 
 
+# What steer / eval-steering write: --overwrite deletes these and nothing else.
+OUTPUTS = {
+    "steering.json": ("vector.safetensors", "control.safetensors", "steering.json", "figures"),
+    "eval.json": ("eval.json", "figures"),
+}
+
+
 def _prepare_out(out: Path, overwrite: bool, marker: str) -> Path:
-    """A fresh output directory; an existing non-empty one only with --overwrite."""
+    """A fresh output directory, locked for this process (one writer); an existing
+    non-empty one only with --overwrite, and only if this command wrote it, and
+    then only this command's own files are deleted."""
+    from tokenfield._lock import LOCK_NAME, hold_for_command
     from tokenfield.runs import check_writable_dir
 
     check_writable_dir(out)
     if out.exists() and (not out.is_dir()):
         raise UserError(f"output path '{out}' is a file", "choose a directory for --out")
-    if out.is_dir() and any(out.iterdir()):
+    hold_for_command(out)
+    present = [p for p in out.iterdir() if p.name != LOCK_NAME]
+    if present:
         if not overwrite:
             raise UserError(
                 f"output directory '{out}' is not empty", "choose another --out or pass --overwrite"
@@ -50,8 +62,12 @@ def _prepare_out(out: Path, overwrite: bool, marker: str) -> Path:
                 f"'{out}' was not written by this command; refusing to overwrite it",
                 "choose another --out",
             )
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUTS[marker]:
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
     return out
 
 
@@ -156,6 +172,9 @@ def steer_command(
     with console.status("loading model"):
         loaded = _load_run_model(ds, model)
     steer_vec.check_model(loaded)
+    from tokenfield.steering.generate import _require_causal
+
+    _require_causal(loaded)
     frame = None
     if (run / "projection.npz").is_file():
         from tokenfield.analysis.projection import load_projection
@@ -243,6 +262,9 @@ def eval_steering_command(
     console = Console(stderr=True)
     with console.status(f"loading {model}"):
         loaded = load_model(model)
+    from tokenfield.steering.generate import _require_causal
+
+    _require_causal(loaded)  # an encoder fails here, before --out is created
     if layer_list:
         from tokenfield.steering.vectors import check_layer
 

@@ -94,6 +94,9 @@ def trace_command(
 
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
     check_writable_dir(out)
+    from tokenfield._lock import hold_for_command
+
+    hold_for_command(out, what="run")  # a second writer fails here, before loading
     with console.status(f"loading {model}"):
         loaded = load_model(
             model,

@@ -116,6 +116,11 @@ class LoadedModel:
         tokenizer: its tokenizer.
         name: the spec it was loaded from (``"smollm2"``, a path, a hub id).
         source_hash: identifies the weights (file hash, or hub id/revision).
+        weights_sha256: SHA-256 of the weights actually loaded (for a GGUF, of
+            the dequantised cache file, verified on this load); ``None`` for
+            random or in-memory weights. A traced run records it in
+            ``run.json`` (``weights_sha256``, beside the config, so runs made
+            before it was recorded keep their config and still resume).
         sites: blocks and final norm (see :mod:`tokenfield.models.sites`).
         random_weights: True for a random-weight copy of the architecture.
     """
@@ -128,6 +133,7 @@ class LoadedModel:
     random_weights: bool = False
     seed: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    weights_sha256: str | None = None
 
     @property
     def family(self) -> Family:
@@ -255,11 +261,11 @@ def load_model(
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype '{dtype}'", f"use one of: {', '.join(DTYPES)}")
     torch_device = _resolve_device(device)
-    directory, source_hash, name = _resolve(spec)
+    directory, source_hash, name, *verified = _resolve(spec)
     kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    with _quiet_transformers():
+    with _quiet_transformers(), _unreadable_model(directory):
         from transformers import AutoConfig, AutoTokenizer
 
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
@@ -284,7 +290,41 @@ def load_model(
         seed=seed if random_weights else None,
     )
     loaded.extra["directory"] = str(directory)
+    if not random_weights:
+        loaded.weights_sha256 = verified[0] if verified else _weights_files_hash(directory)
     return loaded
+
+
+def _weights_files_hash(directory: Path) -> str:
+    """SHA-256 over a model directory's weight files (each file's hash memoised)."""
+    files = sorted(
+        p for p in directory.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin")
+    )
+    if len(files) == 1:
+        return _file_hash(files[0])
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.name}:{_file_hash(file)}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _unreadable_model(directory: Path):
+    """A truncated or garbage model file (config.json, tokenizer.json, weights)
+    becomes one line naming the directory, instead of a transformers traceback."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers, tokenizers, safetensors, json
+        text = " ".join(str(exc).split())[:160] or type(exc).__name__
+        inside_cache = cache_root().resolve() in Path(directory).resolve().parents
+        raise UserError(
+            f"cannot load the model in '{directory}' ({type(exc).__name__}: {text})",
+            "delete that directory: tokenfield rebuilds it"
+            if inside_cache
+            else "check its files (config.json, tokenizer files, weights)",
+        ) from None
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -311,15 +351,18 @@ def _auto_class(family: Family) -> Any:
     return AutoModelForCausalLM if family.causal else AutoModel
 
 
-def _resolve(spec: str) -> tuple[Path, str, str]:
-    """Map a spec to a local Hugging Face directory, a weights id and a name."""
+def _resolve(spec: str) -> tuple[Path, str, str] | tuple[Path, str, str, str]:
+    """Map a spec to a local Hugging Face directory, a weights id and a name (and,
+    for a GGUF, the SHA-256 of the verified dequantised weights)."""
     if spec in BUNDLED:
         return _resolve_bundled(BUNDLED[spec])
     path = Path(spec).expanduser()
     if spec.lower().endswith(".gguf"):
         if not path.is_file():
             raise UserError(f"GGUF file '{spec}' does not exist", "check the path")
-        return _dequantised_dir(path), _file_hash(path), spec
+        file_hash = _file_hash(path)
+        directory, weights = _dequantised_dir(path, file_hash)
+        return directory, file_hash, spec, "sha256:" + weights
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(
@@ -337,7 +380,7 @@ def _resolve(spec: str) -> tuple[Path, str, str]:
     return _resolve_hub(spec)
 
 
-def _resolve_bundled(bundled: BundledModel) -> tuple[Path, str, str]:
+def _resolve_bundled(bundled: BundledModel) -> tuple[Path, str, str] | tuple[Path, str, str, str]:
     folder = _package_folder(bundled.package)
     if folder is None:
         raise UserError(
@@ -353,14 +396,35 @@ def _resolve_bundled(bundled: BundledModel) -> tuple[Path, str, str]:
         gguf = cache_root() / "gguf-files" / bundled.gguf_file
         if not gguf.is_file():
             gguf = _assemble(bundled, gguf)
+        expected = _expected_sha256(bundled)
+        if expected and _file_hash(gguf) != "sha256:" + expected:
+            from rich.console import Console
+
+            Console(stderr=True).print(
+                f"tokenfield: the cached {gguf.name} does not match its package's SHA-256; "
+                "assembling it again",
+                soft_wrap=True,
+            )
+            gguf = _assemble(bundled, gguf)
     file_hash = _file_hash(gguf)
-    return _dequantised_dir(gguf, file_hash), file_hash, bundled.name
+    directory, weights = _dequantised_dir(gguf, file_hash)
+    return directory, file_hash, bundled.name, "sha256:" + weights
+
+
+def _expected_sha256(bundled: BundledModel) -> str | None:
+    import importlib
+
+    with contextlib.suppress(Exception):
+        value = importlib.import_module(bundled.package).EXPECTED_SHA256
+        return str(value).lower()
+    return None
 
 
 def _assemble(bundled: BundledModel, target: Path) -> Path:
     """Join a chunked GGUF with its package's own ``assemble`` (hash checked)."""
     import importlib
 
+    _writable_cache(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     module = importlib.import_module(bundled.package)
     tmp = target.with_name(target.name + ".partial")
@@ -375,9 +439,11 @@ def _file_hash(path: Path) -> str:
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     memo_file = cache_root() / "hashes.json"
     memo: dict[str, str] = {}
-    with contextlib.suppress(OSError, json.JSONDecodeError):
-        memo = json.loads(memo_file.read_text())
-    if key in memo:
+    with contextlib.suppress(OSError, ValueError):  # a damaged memo is only a miss
+        loaded = json.loads(memo_file.read_text())
+        if isinstance(loaded, dict):
+            memo = {k: v for k, v in loaded.items() if isinstance(v, str)}
+    if str(memo.get(key, "")).startswith("sha256:") and len(memo[key]) == 71:
         return memo[key]
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -404,23 +470,130 @@ def _dir_fingerprint(directory: Path) -> str:
     return "dir:" + digest.hexdigest()[:16]
 
 
-def _dequantised_dir(gguf: Path, file_hash: str | None = None) -> Path:
-    """A plain Hugging Face directory holding the dequantised GGUF weights.
+MANIFEST = "tokenfield-manifest.json"  # {file name: sha256}, written last
+CACHE_LAYOUT = "v2"  # entries with a manifest; older entries (no hashes) are rebuilt
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> dict[str, str]:
+    """Hash every file in ``directory`` into its manifest (written atomically, last)."""
+    from tokenfield.runs import write_json_atomic
+
+    files = {p.name: _sha256(p) for p in sorted(directory.iterdir()) if p.is_file()}
+    files.pop(MANIFEST, None)
+    write_json_atomic(directory / MANIFEST, {"sha256": files})
+    return files
+
+
+def verify_entry(directory: Path) -> tuple[dict[str, str] | None, str]:
+    """Check a cache entry against its manifest: ``(hashes, "")`` when every file
+    is present and matches, else ``(None, what is wrong)``."""
+    if not directory.is_dir():
+        return None, "missing"
+    try:
+        recorded = json.loads((directory / MANIFEST).read_text())["sha256"]
+        if not isinstance(recorded, dict) or not recorded:
+            raise TypeError
+    except FileNotFoundError:
+        return None, "it has no checksums (an unfinished build or an older tokenfield)"
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        return None, f"its {MANIFEST} is unreadable"
+    for name, expected in recorded.items():
+        path = directory / str(name)
+        try:
+            actual = _sha256(path)
+        except OSError:
+            return None, f"{name} is missing or unreadable"
+        if actual != expected:
+            return None, f"{name} does not match its recorded SHA-256"
+    return {str(k): str(v) for k, v in recorded.items()}, ""
+
+
+def _writable_cache(where: Path) -> None:
+    """Refuse (one line) a cache location that is a file or cannot be written."""
+    root = cache_root()
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    fix = "set TOKENFIELD_CACHE to a writable directory (or unset it)"
+    if not probe.is_dir():
+        raise UserError(f"the model cache '{root}' is inside a file ('{probe}')", fix)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"the model cache '{root}' is not writable ('{probe}')", fix)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """Serialise builders of one cache entry (a second one waits, then reuses)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _dequantised_dir(gguf: Path, file_hash: str | None = None) -> tuple[Path, str]:
+    """A plain Hugging Face directory holding the dequantised GGUF weights, and the
+    SHA-256 of its weights file.
 
     Built once (15-45 s) and cached by the GGUF file's hash. The build writes to a
-    temporary directory and renames it into place, so an interrupted build leaves
-    no half-written cache.
+    temporary directory, records the SHA-256 of every file in
+    ``tokenfield-manifest.json`` (written last) and renames the directory into
+    place, so an interrupted build leaves no half-written cache. Every load
+    checks every file against the manifest (about 1 s for 500 MB); an entry that
+    does not match, or has no manifest, is rebuilt from the GGUF with one line
+    on stderr saying so. A cache that cannot lie: damaged weights never reach a
+    run.
     """
     file_hash = file_hash or _file_hash(gguf)
-    target = cache_root() / "dequantised" / file_hash.split(":")[-1][:24]
-    if (target / "tokenfield-complete").is_file():
-        return target
+    key = file_hash.split(":")[-1][:24]
+    target = cache_root() / "dequantised" / f"{key}-{CACHE_LAYOUT}"
+    hashes, problem = verify_entry(target)
+    if hashes is not None:
+        return target, hashes["model.safetensors"]
+    _writable_cache(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
-    from rich.console import Console
+    with _build_lock(target.parent / f".{target.name}.lock"):
+        hashes, problem = verify_entry(target)  # another process may have built it
+        if hashes is not None:
+            return target, hashes["model.safetensors"]
+        from rich.console import Console
 
-    Console(stderr=True).print(
-        f"[dim]tokenfield: dequantising {gguf.name} once (15-45 s); cached in {target}[/dim]"
-    )
+        console = Console(stderr=True)
+        if target.exists():
+            console.print(
+                f"tokenfield: the cached weights in {target} are damaged ({problem}); "
+                f"rebuilding them from {gguf.name}",
+                soft_wrap=True,
+                markup=False,
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"[dim]tokenfield: dequantising {gguf.name} once (15-45 s); "
+                f"cached in {target}[/dim]"
+            )
+        _build_entry(gguf, file_hash, target)
+        hashes, problem = verify_entry(target)
+        if hashes is None:
+            raise UserError(
+                f"the model cache entry {target} cannot be written correctly ({problem})",
+                "check the disk, or set TOKENFIELD_CACHE to another directory",
+            )
+        return target, hashes["model.safetensors"]
+
+
+def _build_entry(gguf: Path, file_hash: str, target: Path) -> None:
     with _quiet_transformers():
         from transformers import AutoConfig, AutoTokenizer
 
@@ -438,20 +611,21 @@ def _dequantised_dir(gguf: Path, file_hash: str | None = None) -> Path:
         if missing or unexpected:
             raise RuntimeError(f"GGUF weights do not fit the config: {missing} {unexpected}")
         tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+        trash = target.with_name(f".{target.name}.damaged-{os.getpid()}")
         try:
             plain.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             (tmp / "tokenfield-source.json").write_text(
                 json.dumps({"gguf": str(gguf), "hash": file_hash}, indent=2)
             )
-            (tmp / "tokenfield-complete").write_text("ok\n")
+            write_manifest(tmp)
             if target.exists():
-                shutil.rmtree(target)
+                os.replace(target, trash)  # out of the way in one step, then delete
             os.replace(tmp, target)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+            for leftover in (tmp, trash):
+                if leftover.exists():
+                    shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _hub_endpoint() -> str:

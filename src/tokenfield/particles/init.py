@@ -167,7 +167,7 @@ def from_run(
     """The normalised token states of one prompt of a run at one time index.
 
     Args:
-        path: a run directory (a trace; a simulation run works too).
+        path: a traced run directory (other kinds are refused).
         layer: index along ``time`` (``0`` = the embedding output of a trace;
             negative counts from the end).
         prompt_index: which prompt, when the run has a ``prompt_index``
@@ -184,6 +184,12 @@ def from_run(
     from tokenfield.runs import open_run
 
     ds = open_run(path)
+    kind = ds.attrs["run"]["kind"]
+    if kind != "trace":
+        raise UserError(
+            f"'{path}' is a {kind} run; run: initial conditions take a traced run",
+            "pass a directory written by 'tokenfield trace'",
+        )
     if "states" not in ds:
         raise UserError(f"run '{path}' has no 'states' variable", "pass a trace or simulation run")
     states = ds["states"]
@@ -218,6 +224,13 @@ def from_run(
             raise UserError(
                 f"cannot project {full}-dimensional states to d = {dim}",
                 f"pass --dim between 2 and {full}, or omit it",
+            )
+        if dim > x.shape[0]:
+            # n tokens span at most n principal directions.
+            raise UserError(
+                f"--dim {dim} exceeds the {x.shape[0]} tokens of prompt {prompt_index} in "
+                f"'{path}' (n tokens span at most n directions)",
+                f"pass --dim {x.shape[0]} or less, or pick a longer prompt with --prompt-index",
             )
         _, _, vt = np.linalg.svd(x, full_matrices=False)  # uncentred principal directions
         vt = vt[:dim]  # (dim, D)

@@ -221,6 +221,10 @@ def _fixed_grid(t0: float, t_max: float, dt: float, stops: Sequence[float]) -> n
     return grid[grid <= t_max + tol]
 
 
+class BlowUp(UserError):
+    """The states became non-finite: the integration is unstable."""
+
+
 class _Recorder:
     """Collects saved frames; streams them into a run when there is one."""
 
@@ -237,7 +241,7 @@ class _Recorder:
 
     def save(self, t: float, x: torch.Tensor, state: dict[str, Any]) -> None:
         if not bool(torch.isfinite(x).all()):
-            raise UserError(
+            raise BlowUp(
                 f"the states became non-finite by t = {t:g} (the step is unstable)",
                 "reduce --dt or beta, or use --integrator adaptive",
             )
@@ -360,18 +364,29 @@ def simulate(
 
         writer = RunWriter(out, "simulation", config, append_dim="time", overwrite=overwrite)
         if writer.complete:
+            writer.close()
             return open_run(out)
-    recorder = _Recorder(writer, x.numel() * x.element_size(), batched, n)
-    resume = _resume_state(writer)
-    if resume is not None:
-        x = resume.pop("x").to(dtype=x.dtype, device=x.device)
-    layers = tuple(run.at_layer(layer) for layer in range(run.layers))
-    plan = _Plan(run, layers, t0, t_max, dt, saveat)
-    with torch.no_grad():
-        if isinstance(solver, Adaptive):
-            _run_adaptive(solver, plan, x, recorder, resume, progress)
-        else:
-            _run_fixed(solver, plan, x, recorder, resume, progress)
+    try:
+        recorder = _Recorder(writer, x.numel() * x.element_size(), batched, n)
+        resume = _resume_state(writer)
+        if resume is not None:
+            x = resume.pop("x").to(dtype=x.dtype, device=x.device)
+        layers = tuple(run.at_layer(layer) for layer in range(run.layers))
+        plan = _Plan(run, layers, t0, t_max, dt, saveat)
+        with torch.no_grad():
+            if isinstance(solver, Adaptive):
+                _run_adaptive(solver, plan, x, recorder, resume, progress)
+            else:
+                _run_fixed(solver, plan, x, recorder, resume, progress)
+    except BlowUp:
+        # A numerical blow-up is not resumable: remove the run this call created
+        # (a retry with a smaller step then needs no --overwrite).
+        if writer is not None:
+            writer.abandon()
+        raise
+    finally:
+        if writer is not None and not writer.complete:
+            writer.close()
     if writer is None:
         return recorder.dataset(config)
     writer.finish()
@@ -490,7 +505,7 @@ def _run_adaptive(
             if error > 1:
                 h = trial * factor
                 if h < 1e-14 * max(1.0, abs(t)):
-                    raise UserError(
+                    raise BlowUp(
                         f"the adaptive step size underflowed at t = {t:g}",
                         "loosen --rtol/--atol, or check the dynamics for a blow-up",
                     )

@@ -189,14 +189,29 @@ def _parse_yaml(text: str, source: str) -> list[Prompt]:
                     f"category '{category}' in '{source}' is not a list",
                     "write 'category: [prompt, ...]'",
                 )
-            prompts.extend(Prompt(str(t), str(category)) for t in texts)
+            for t in texts:
+                prompts.append(Prompt(_yaml_text(t, source, len(prompts) + 1), str(category)))
         return prompts
     if isinstance(data, list):
         return [
-            Prompt(item) if isinstance(item, str) else _from_mapping(item, source, i)
+            _from_mapping(item, source, i)
+            if isinstance(item, dict)
+            else Prompt(_yaml_text(item, source, i))
             for i, item in enumerate(data, start=1)
         ]
     raise UserError(f"'{source}' holds no list of prompts", "write a YAML list of prompts")
+
+
+def _yaml_text(item: Any, source: str, number: int) -> str:
+    """A YAML list entry that must be a prompt's text (``42``, ``null`` or a bare
+    ``-`` are refused rather than turned into the prompts "42" or "None")."""
+    if isinstance(item, str):
+        return item
+    what = "empty (null or a bare '-')" if item is None else f"{item!r}, not text"
+    raise UserError(
+        f"prompt #{number} in '{source}' is {what}",
+        "quote it (e.g. '42') or remove it",
+    )
 
 
 def _validated(prompts: list[Prompt], source: str) -> list[Prompt]:

@@ -81,12 +81,27 @@ nav a { margin-right: 1em; } .scroll { max-height: 28em; overflow: auto; }
 """
 
 
+# In every report's <head>: how `report --out` knows a file it may replace.
+REPORT_MARKER = "<meta name='generator' content='tokenfield report'>"
+
+
+def is_report(path: str | Path) -> bool:
+    """Whether ``path`` is a report written by tokenfield (it carries the marker)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    return REPORT_MARKER.encode() in head
+
+
 def write_report(
     run_paths: Sequence[str | Path] | str | Path,
     out: str | Path,
     *,
     title: str = "tokenfield report",
     sections: Sequence[str | Path] = (),
+    overwrite: bool = False,
 ) -> Path:
     """Write one self-contained, offline HTML report for the given runs.
 
@@ -96,6 +111,8 @@ def write_report(
         title: the page title.
         sections: HTML fragments to append, e.g. the ``meanfield.html`` written by
             ``scripts/meanfield_tables.py`` or the theory-lens section.
+        overwrite: replace ``out`` even when it is not a tokenfield report (an
+            earlier report is always replaced; any other file is refused).
 
     Returns:
         The path written.
@@ -120,6 +137,11 @@ def write_report(
     if out.is_dir():
         raise UserError(f"--out '{out}' is a directory", "give a file name such as report.html")
     check_writable_dir(out.parent)
+    if out.exists() and not overwrite and not is_report(out):
+        raise UserError(
+            f"--out '{out}' exists and is not a tokenfield report; refusing to replace it",
+            "choose another --out, or pass --overwrite to replace it",
+        )
     for path in paths:
         read_run_info(path)  # a clear error before any work
     from plotly.offline import get_plotlyjs
@@ -131,7 +153,7 @@ def write_report(
     )
     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     page = (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>{REPORT_MARKER}"
         f"<title>{html.escape(title)}</title>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<style>{STYLE}</style>"
