@@ -72,7 +72,7 @@ def test_report_loads_draws_and_the_slider_moves_the_plot(report):
 
             before = paths()
             assert len(before) == 15 and all(before)
-            assert slider_label().strip() == "layer: 11"
+            assert slider_label().strip() == "layer: 10"  # times 0..L-1: the seed convention
 
             # drag the slider's grip to about a third of the rail
             rail = page.locator(f"{plot} .slider-rail-touch-rect").first
