@@ -234,8 +234,8 @@ def predict_clusters_command(
 
     values = _numbers(betas, "--betas")
     norms = tuple(_dynamics(v.strip()) for v in dynamics.split(",") if v.strip())
-    if not norms or any(b <= 0 for b in values):
-        raise UserError("--dynamics must name sa and/or usa, and --betas must be > 0")
+    if not norms or any(b == 0 for b in values):
+        raise UserError("--dynamics must name sa and/or usa, and --betas must be != 0")
     if n < 4 or seeds < 1 or not (0 < noise < 1):
         raise UserError("need --n >= 4, --seeds >= 1 and --noise in (0, 1)")
     out = _out_dir(out)
