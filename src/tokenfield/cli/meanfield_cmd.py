@@ -239,8 +239,8 @@ def predict_clusters_command(
 
     values = _numbers(betas, "--betas")
     norms = tuple(_dynamics(v.strip()) for v in dynamics.split(",") if v.strip())
-    if not norms or any(b <= 0 for b in values):
-        raise UserError("--dynamics must name sa and/or usa, and --betas must be > 0")
+    if not norms or any(b == 0 for b in values):
+        raise UserError("--dynamics must name sa and/or usa, and --betas must be != 0")
     if n < 4 or seeds < 1 or not (0 < noise < 1):
         raise UserError("need --n >= 4, --seeds >= 1 and --noise in (0, 1)")
     out = _out_dir(out)
@@ -367,10 +367,29 @@ def phase_diagram_command(
     frames: Annotated[int, typer.Option(help="Saved times.")] = 61,
     n: Annotated[int, typer.Option("--n", help="Tokens per system.")] = 32,
     systems: Annotated[int, typer.Option(help="Random starts per (d, beta), batched.")] = 32,
-    delta: Annotated[float, typer.Option(help="Merged: <x_i, x_j> >= 1 - delta.")] = 0.1,
+    delta: Annotated[
+        float,
+        typer.Option(
+            help="Merged: <x_i, x_j> >= 1 - delta (0.001 is the statistic of the published "
+            "figure: the share of pairs with <x_i, x_j> > 0.999)."
+        ),
+    ] = 0.1,
     dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "sa",
-    time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
-    dt: Annotated[float, typer.Option(help="RK4 step.")] = 0.1,
+    time: Annotated[
+        str | None,
+        typer.Option(
+            help="paper or rescaled (default: paper; rescaled for usa with projected-euler, "
+            "the published script's step normalisation)."
+        ),
+    ] = None,
+    dt: Annotated[float, typer.Option(help="Integrator step.")] = 0.1,
+    integrator: Annotated[
+        str,
+        typer.Option(
+            help="rk4, or projected-euler (Euler step then renormalise: the published "
+            "script's integrator), or euler."
+        ),
+    ] = "rk4",
     pairs: Annotated[str, typer.Option(help="all pairs, or the first pair only.")] = "all",
     seed: Annotated[int, typer.Option(help="Base seed.")] = 0,
     beta_block: Annotated[int, typer.Option("--beta-block", help="Betas per task.")] = 2,
@@ -388,11 +407,16 @@ def phase_diagram_command(
     from tokenfield.meanfield.phase import PhaseDiagramConfig, SweepReport, phase_diagram, summarize
     from tokenfield.runs import check_writable_dir
 
+    if integrator not in ("rk4", "projected-euler", "euler"):
+        raise UserError(f"unknown --integrator '{integrator}'", "use rk4, projected-euler or euler")
+    if time is None:
+        usa_script = integrator == "projected-euler" and _dynamics(dynamics) == "usa"
+        time = "rescaled" if usa_script else "paper"
     config = PhaseDiagramConfig(
         dims=tuple(_numbers(dims, "--dims", integer=True)),
         betas=tuple(_numbers(betas, "--betas")),
         t_max=t_max, frames=frames, n_particles=n, n_systems=systems, delta=delta,
-        normalization=_dynamics(dynamics), time=_time(time), dt=dt,
+        normalization=_dynamics(dynamics), time=_time(time), dt=dt, solver=integrator,
         pairs=pairs,  # type: ignore[arg-type]
         seed=seed, beta_block=beta_block,
     )  # fmt: skip

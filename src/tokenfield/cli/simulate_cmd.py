@@ -61,7 +61,9 @@ def simulate_command(
     dt: Annotated[
         float, typer.Option(help="Step (Euler: one residual layer); adaptive: first step tried.")
     ] = 0.1,
-    integrator: Annotated[str, typer.Option(help="euler, rk4 or adaptive.")] = "euler",
+    integrator: Annotated[
+        str, typer.Option(help="euler, projected-euler, rk4 or adaptive.")
+    ] = "euler",
     init: Annotated[
         str,
         typer.Option(

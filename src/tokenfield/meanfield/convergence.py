@@ -59,6 +59,7 @@ class PDEComparison:
     density: np.ndarray = field(repr=False)
     centres: np.ndarray = field(repr=False)
     particles: np.ndarray = field(repr=False)  # (T, n_max) angles of the largest run
+    w1_per_seed: np.ndarray | None = field(default=None, repr=False)  # (N, seeds, T)
 
     @property
     def final_rate(self) -> float:
@@ -177,4 +178,5 @@ def pde_vs_particles(
         density=solution.density,
         centres=solution.centres,
         particles=last,
+        w1_per_seed=w1,
     )

@@ -57,7 +57,10 @@ class PhaseDiagramConfig:
         n_particles: ``n`` tokens per system; n_systems: ``S`` random starts.
         delta: merged means ``<x_i, x_j> >= 1 - delta``.
         normalization, time: the dynamics (``Q = K = V = I``).
-        dt, solver: the integrator (fixed step, float64).
+        dt, solver: the integrator (fixed step, float64): ``"rk4"``, or
+            ``"projected-euler"`` (the published script's Euler step then
+            renormalise; with USA pair it with ``time="rescaled"``, its step
+            normalisation), or ``"euler"``.
         pairs: ``"all"`` pairs or the ``"first"`` pair ``(x_1, x_2)``.
         seed: base seed (system starts for dimension ``d`` use ``seed + d``).
         beta_block: betas per task (also the Zarr chunk along ``beta``).
@@ -95,6 +98,11 @@ class PhaseDiagramConfig:
             raise UserError("normalization must be sa/usa and time paper/rescaled")
         if self.pairs not in ("all", "first"):
             raise UserError(f"pairs must be all or first, not {self.pairs!r}")
+        if self.solver not in ("rk4", "euler", "projected-euler"):
+            raise UserError(
+                f"unknown phase-diagram integrator {self.solver!r}",
+                "use rk4, projected-euler or euler",
+            )
         if self.beta_block < 1 or not (self.dt > 0):
             raise UserError("beta_block must be >= 1 and dt > 0")
 

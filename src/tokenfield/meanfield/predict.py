@@ -100,7 +100,7 @@ class FirstPlateau:
             "noise": self.noise,
             "eps": self.eps,
             "k_max": self.k_max,
-            "sqrt_2beta": math.sqrt(2 * self.beta),
+            "sqrt_2beta": math.sqrt(2 * abs(self.beta)),
             "first_plateau_counts": self.counts.tolist(),
             "median_count": self.median_count,
             "plateau_starts": self.starts.tolist(),

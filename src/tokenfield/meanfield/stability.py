@@ -437,6 +437,34 @@ def equispaced_jacobian(
     return torch.autograd.functional.jacobian(angle_velocity, theta).numpy()
 
 
+def circle_jacobian(
+    theta: Any,
+    beta: float,
+    *,
+    normalization: Normalization = "usa",
+    time: TimeConvention = "paper",
+) -> np.ndarray:
+    """The Jacobian ``d theta_i' / d theta_j`` of the angle dynamics at any
+    configuration ``theta`` ``(n,)`` on the circle (read off the simulator's field,
+    as :func:`equispaced_jacobian`; autograd, float64). At a stationary point its
+    spectrum decides stability: one zero eigenvalue (rotations) and, for a stable
+    point, every other one negative."""
+    import torch
+
+    from tokenfield.particles.dynamics import Dynamics
+
+    beta, _ = _check(beta, 2, normalization, time)
+    dynamics = Dynamics(beta=beta, normalization=normalization, time=time)
+
+    def angle_velocity(angles: torch.Tensor) -> torch.Tensor:
+        x = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+        tangent = torch.stack([-torch.sin(angles), torch.cos(angles)], dim=-1)
+        return (dynamics.vector_field(0.0, x) * tangent).sum(-1)
+
+    angles = torch.as_tensor(np.asarray(theta, dtype=np.float64))
+    return torch.autograd.functional.jacobian(angle_velocity, angles).numpy()
+
+
 def circulant_mode_eigenvalues(jacobian: np.ndarray) -> np.ndarray:
     """Eigenvalue of Fourier mode ``k = 0..n-1`` of a circulant matrix:
     ``sum_m J[0, m] e^{2 pi i k m / n}`` (real part; exact for a symmetric one)."""

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from tokenfield.particles.dynamics import Dynamics, Mlp, random_matrices
 from tokenfield.particles.init import initial_condition
-from tokenfield.particles.integrate import RK4, Adaptive, Euler, SaveAt, simulate
+from tokenfield.particles.integrate import RK4, Adaptive, Euler, ProjectedEuler, SaveAt, simulate
 
 __all__ = [
     "RK4",
     "Adaptive",
     "Dynamics",
     "Euler",
+    "ProjectedEuler",
     "Mlp",
     "SaveAt",
     "initial_condition",

@@ -9,6 +9,15 @@ when the state lives on the sphere, the identity otherwise):
 
 - :class:`Euler`: ``x <- N(x + h f(x))``. With ``h = dt`` this is exactly one
   post-norm residual attention layer. Order 1.
+- :class:`ProjectedEuler` (``projected-euler``): the integrator of the public
+  script of Geshkovski-Letrouit-Polyanskiy-Rigollet (arXiv 2312.10794): an Euler
+  step in the ambient space, then renormalise each token, ``x <- N(x + h f(x))``.
+  The same update as :class:`Euler`, named for that script so a run records
+  which convention it follows. For USA the script normalises the step by
+  ``e^beta`` (the USA weights become ``exp(beta (<x, y> - 1)) / n``, USA "in its
+  own time scale"): that is ``Dynamics(time="rescaled")``, which
+  ``phase-diagram --integrator projected-euler --dynamics usa`` selects unless
+  ``--time`` is given. Order 1.
 - :class:`RK4`: classical Runge-Kutta in the ambient space, then ``N``. The
   ambient field ``P_x^perp A(x)`` leaves ``|x| = 1`` invariant, so the retraction
   moves the RK4 point by ``O(h^5)`` and the order stays 4.
@@ -62,6 +71,14 @@ class Euler:
 
     def to_config(self) -> dict[str, Any]:
         return {"name": self.name}
+
+
+@dataclass(frozen=True)
+class ProjectedEuler(Euler):
+    """Euler step then renormalise (the published phase-diagram script's scheme)."""
+
+    name: ClassVar[str] = "projected-euler"
+    order: ClassVar[int] = 1
 
 
 @dataclass(frozen=True)
@@ -141,17 +158,23 @@ class Adaptive:
         return {"name": self.name, "rtol": self.rtol, "atol": self.atol}
 
 
-Solver = Euler | RK4 | Adaptive
-SOLVERS: dict[str, type] = {"euler": Euler, "rk4": RK4, "adaptive": Adaptive}
+Solver = Euler | ProjectedEuler | RK4 | Adaptive
+SOLVERS: dict[str, type] = {
+    "euler": Euler,
+    "projected-euler": ProjectedEuler,
+    "rk4": RK4,
+    "adaptive": Adaptive,
+}
 
 
 def get_solver(solver: str | Solver) -> Solver:
-    """A solver instance from a name (``euler``, ``rk4``, ``adaptive``) or an instance."""
+    """A solver instance from a name (``euler``, ``projected-euler``, ``rk4``,
+    ``adaptive``) or an instance."""
     if isinstance(solver, (Euler, RK4, Adaptive)):
         return solver
     if isinstance(solver, str) and solver in SOLVERS:
         return SOLVERS[solver]()
-    raise UserError(f"unknown integrator {solver!r}", "use euler, rk4 or adaptive")
+    raise UserError(f"unknown integrator {solver!r}", "use euler, projected-euler, rk4 or adaptive")
 
 
 @dataclass(frozen=True)

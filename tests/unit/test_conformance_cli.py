@@ -1,0 +1,79 @@
+"""``tokenfield conformance``: one cheap item end to end, the JSON's keys, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tokenfield.cli import main
+from tokenfield.meanfield.conformance import (
+    ItemResult,
+    classify_circle_states,
+    interaction_energy,
+    stuck_spectrum,
+)
+
+
+def _run(argv):
+    try:
+        main(argv)
+    except SystemExit as exc:
+        return exc.code
+    return 0
+
+
+def test_only_one_item_writes_json_html_and_figure(tmp_path):
+    out = tmp_path / "c"
+    assert _run(["conformance", "--only", "equiangular", "--quick", "--out", str(out)]) == 0
+    data = json.loads((out / "conformance.json").read_text())
+    (item,) = data["items"]
+    assert {"name", "reference", "measured", "tolerance", "status", "seconds"} <= set(item)
+    assert item["name"] == "equiangular" and item["status"] == "PASS"
+    assert (out / "figures" / "equiangular.png").is_file()
+    assert "equiangular" in (out / "conformance.html").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv", [["conformance", "--only", "nonsense", "--out", "X"], ["conformance", "--out", "F"]]
+)
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv):
+    (tmp_path / "F").write_text("a file")
+    argv = [str(tmp_path / a) if a in ("X", "F") else a for a in argv]
+    assert _run(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tokenfield: error:") and "Traceback" not in err
+    assert not (tmp_path / "X").exists()
+
+
+def test_a_failing_item_is_reported_with_status_1(tmp_path, monkeypatch):
+    import tokenfield.meanfield.conformance as conformance
+
+    def failing(quick):
+        return ItemResult("equiangular", "ref", "measured", "tol", passed=False)
+
+    monkeypatch.setitem(conformance.ITEMS, "equiangular", failing)
+    assert _run(["conformance", "--only", "equiangular", "--out", str(tmp_path / "o")]) == 1
+    data = json.loads((tmp_path / "o" / "conformance.json").read_text())
+    assert data["items"][0]["status"] == "FAIL"
+
+
+def test_staircase_energy_and_circle_classification():
+    """Tight clusters of sizes 3 and 1 (of n = 4): E = (9 + 1) / 16; the equilateral
+    triangle at beta = -1 is stuck and stable, at beta = -0.5 it is stationary but
+    unstable (the top Jacobian eigenvalue is lambda_1^(3) > 0)."""
+    from tokenfield.meanfield.stability import discrete_growth_rates
+
+    x = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [-1.0, 0.0]])
+    assert interaction_energy(x, 50.0) == pytest.approx(10 / 16, abs=1e-12)
+    theta = 2 * np.pi * np.arange(3) / 3
+    tri = np.stack([np.cos(theta), np.sin(theta)], -1)[None]
+    labels, norms = classify_circle_states(tri, -1.0)
+    assert labels[0] == "stuck" and norms[0] < 1e-12
+    for beta in (-1.0, -0.5):
+        top = stuck_spectrum(theta, beta)
+        assert top == pytest.approx(discrete_growth_rates([1], beta, 3)[0], rel=1e-9)
+    assert stuck_spectrum(theta, -1.0) < 0 < stuck_spectrum(theta, -0.5)
+    near = np.stack([np.cos([0, 1e-4, 2e-4]), np.sin([0, 1e-4, 2e-4])], -1)[None]
+    assert classify_circle_states(near, 1.0)[0][0] == "sync"
