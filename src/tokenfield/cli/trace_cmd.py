@@ -70,6 +70,16 @@ def trace_command(
             "unembedding at every layer (top tokens, rank of the final prediction).",
         ),
     ] = False,
+    generate: Annotated[
+        int,
+        typer.Option(
+            "--generate",
+            help="Greedily generate N tokens after each prompt and keep each generated "
+            "token's states at every layer as particles too (is_generated true; fewer "
+            "than N only at an end-of-sequence token). The report draws them as the "
+            "continuation of the prompt's path.",
+        ),
+    ] = 0,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a run made with another config.")
     ] = False,
@@ -93,6 +103,10 @@ def trace_command(
         from tokenfield.errors import UserError
 
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
+    if generate < 0:
+        from tokenfield.errors import UserError
+
+        raise UserError(f"--generate must be 0 or more, got {generate}", "pass e.g. --generate 8")
     check_writable_dir(out)
     with console.status(f"loading {model}"):
         loaded = load_model(
@@ -112,6 +126,7 @@ def trace_command(
         truncate=truncate,
         attention=attention,
         logit_lens=logit_lens,
+        generate=generate,
         out=out,
         overwrite=overwrite,
         progress=True,
