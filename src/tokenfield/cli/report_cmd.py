@@ -28,6 +28,17 @@ def report_command(
             "scripts/meanfield_tables.py or RUN/theory.html of 'tokenfield lens'.",
         ),
     ] = None,
+    overlay: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--overlay",
+            help="Another run (RUN or RUN:LABEL, repeatable) drawn in the first run's "
+            "interactive trajectories, in its frozen PCA frame: its random-weight "
+            "baseline, a trace of a steered model, or another model traced on the same "
+            "prompts (rotated onto the first model's states layer by layer by an "
+            "orthogonal Procrustes fit). The legend toggles each run.",
+        ),
+    ] = None,
 ) -> None:
     """Write an offline HTML report: interactive trajectories, figures and tables.
 
@@ -43,11 +54,15 @@ def report_command(
     from tokenfield.runs import read_run_info
 
     started = time.perf_counter()
-    for run in runs or []:
+    from tokenfield.report.html import parse_overlay
+
+    for run in [*(runs or []), *(parse_overlay(o)[0] for o in overlay or [])]:
         read_run_info(run)  # a clear error before any work
     in_memory = unanalysed_runs(runs or [])
     with make_console(stderr=True).status("writing the report"):
-        path = write_report(runs or [], out, title=title, sections=section or [])
+        path = write_report(
+            runs or [], out, title=title, sections=section or [], overlays=overlay or []
+        )
     for run in in_memory:
         make_console(stderr=True).print(
             f"note: {run} has no metrics.json: analysed in memory for the report, "
