@@ -258,13 +258,16 @@ class PathSet:
     note: str = ""
 
 
-def _rounded(values: np.ndarray) -> list[Any]:
-    """Coordinates as (nested) JSON lists with about 4 significant digits, NaN as null."""
-    values = np.asarray(values, dtype=np.float64)
+def _decimals(values: np.ndarray) -> int:
+    """Decimals that keep about 4 significant digits of the largest value."""
     finite = np.abs(values[np.isfinite(values)])
     scale = float(finite.max()) if finite.size else 0.0
-    decimals = int(max(0, 3 - np.floor(np.log10(scale)))) if scale > 0 else 3
-    out = np.round(values, decimals)
+    return int(max(0, 3 - np.floor(np.log10(scale)))) if scale > 0 else 3
+
+
+def _rounded(values: np.ndarray, decimals: int) -> list[Any]:
+    """Coordinates as (nested) JSON lists rounded to ``decimals``, NaN as null."""
+    out = np.round(np.asarray(values, dtype=np.float64), decimals)
     if np.isfinite(out).all():
         return out.tolist()
     return np.where(np.isfinite(out), out, None).tolist()
@@ -404,8 +407,17 @@ def _view(
         + [g[0][key].reshape(-1, 3) for g in sets[0].generated.values()]
     )
 
+    # one rounding for the whole view, so that shared points stay equal
+    decimals = _decimals(
+        np.concatenate(
+            [extent.ravel()]
+            + [s.xyz[key].ravel() for s in sets]
+            + [g[0][key].ravel() for s in sets for g in s.generated.values()]
+        )
+    )
+
     def coords(xyz: np.ndarray) -> dict[str, Any]:
-        return {a: _rounded(xyz[..., i]) for i, a in enumerate(axes)}
+        return {a: _rounded(xyz[..., i], decimals) for i, a in enumerate(axes)}
 
     for number, s in enumerate(sets):
         overlay = number > 0
