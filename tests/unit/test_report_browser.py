@@ -360,3 +360,43 @@ def test_generated_tokens_continue_from_the_prompts_last_point(browser, rich_rep
     # the lens of that token, at the shown layer (the last)
     assert f"'w{15 + N_GEN * owner + point - 1}_11_0'" in text
     assert problems == []
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_a_simulation_section_renders(browser, tmp_path, d):
+    rng = np.random.default_rng(d)
+    n_time, n = 30, 12
+    start = rng.normal(size=(n, d))
+    target = rng.normal(size=d)
+    weights = np.linspace(0, 1, n_time)[:, None, None]
+    states = (1 - weights) * start + weights * target  # all particles meet at one point
+    states /= np.linalg.norm(states, axis=-1, keepdims=True)
+    ds = trace_dataset(states, time=np.linspace(0.0, 5.8, n_time))
+    ds.attrs["run"]["config"]["dynamics"] = {"beta": 1.0}
+    run = write_run(tmp_path / "sim", ds, kind="simulation")
+    report = write_report([run], tmp_path / "report.html")
+    page, problems = _open(browser, report)
+    first = "document.getElementById('simulation-0-0')"
+    page.wait_for_selector("#simulation-0-0 .main-svg", timeout=20_000)
+    page.wait_for_selector("#simulation-0-1 .main-svg", timeout=20_000)
+    if d == 3:
+        assert page.evaluate(f"{first}.data.map(t => t.type)") == ["surface", "scatter3d"]
+        page.wait_for_selector("#simulation-0-0 .gl-container canvas", timeout=10_000)
+        # the time slider: the first frame puts the particles back at their start
+        page.evaluate(
+            f"Plotly.animate({first}, ['s0'], {{mode: 'immediate', frame: {{redraw: true}}}})"
+        )
+        page.wait_for_function(f"{first}.data[1].x[0] === {round(float(states[0, 0, 0]), 4)}")
+    else:
+        x = page.evaluate(f"{first}.data[0].x.length")
+        assert x == n_time * n  # every particle's angle at every time
+        angles = page.evaluate(f"{first}.data[0].y")
+        expected = np.arctan2(states[..., 1], states[..., 0]).ravel()
+        assert np.allclose(angles, expected, atol=1e-3)
+    energy = page.evaluate("document.getElementById('simulation-0-1').data.map(t => t.name)")
+    assert energy == ["energy", "clusters"]
+    counts = page.evaluate("document.getElementById('simulation-0-1').data[1].y")
+    assert counts[-1] == 1 and counts[0] > 1  # they end in one cluster
+    label = page.locator("#trajectories-0 .slider-container text").first.text_content()
+    assert label.strip() == "time: 5.8"  # times shown as numbers, not 5.800000000000001
+    assert problems == []

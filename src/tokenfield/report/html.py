@@ -235,6 +235,8 @@ def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = 
     parts.append(f"<p class='note'>{html.escape(str(path))}</p>")
     parts.append("<h3>Summary</h3>" + _summary_table(metrics))
     parts.append("<h3>Trajectories (interactive)</h3>" + plot)
+    if kind == "simulation":
+        parts.append(_simulation_views(ds, metrics, index))
     if images:
         parts.append("<h3>Figures</h3>" + _figures(images))
     parts.append(_separation_table(metrics))
@@ -243,6 +245,39 @@ def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = 
     parts.append(_simulation_table(metrics))
     parts.append("</section>")
     return "".join(parts)
+
+
+def _simulation_views(ds: xr.Dataset, metrics: dict[str, Any], index: int) -> str:
+    """A simulated run on its sphere (d = 2: angles against time; d = 3: the sphere in
+    3-D with a time slider), and its energy and cluster count against time."""
+    from tokenfield.analysis.simulation import analyze_simulation
+    from tokenfield.report.interactive import figure_html, simulation_figures
+
+    if "system" in ds["states"].dims:
+        ds = ds.isel(system=0)
+    analysis = metrics.get("simulation")
+    if not isinstance(analysis, dict):
+        try:
+            analysis = analyze_simulation(ds, max_frames=200)
+        except UserError:
+            analysis = None  # no beta in the config: no energy
+    states = _states_of(ds.load())
+    figures = simulation_figures(states, np.asarray(ds["time"].values), analysis)
+    if not figures:
+        return ""
+    d = states.shape[-1]
+    note = (
+        ""
+        if d in (2, 3)
+        else f"<p class='note'>d = {d}: the sphere is shown for d = 2 and 3 only.</p>"
+    )
+    body = "".join(figure_html(f, f"simulation-{index}-{i}") for i, f in enumerate(figures))
+    return f"<h3>Simulation (interactive)</h3>{note}{body}"
+
+
+def _time_label(value: Any) -> str:
+    """A layer as it is; an ODE time with 4 significant digits (not 9.200000000000001)."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _project3(states: np.ndarray, frame: Projection) -> np.ndarray:
@@ -309,7 +344,7 @@ def _generated_paths(
     gen = ds.isel(particle=np.flatnonzero(flags)).isel(time=time_index).load()
     owner = np.asarray(gen["prompt_index"].values)
     position = np.asarray(gen["position"].values)
-    times = [str(t) for t in np.asarray(gen["time"].values).tolist()]
+    times = [_time_label(t) for t in np.asarray(gen["time"].values).tolist()]
     out = {}
     for p, prompt in enumerate(np.asarray(selected["prompt_index"].values).tolist()):
         mine = np.flatnonzero(owner == prompt)
@@ -358,7 +393,7 @@ def _interactive(
     times = np.asarray(selected["time"].values)
     states = _states_of(selected)
     top, prob = _lens(selected)
-    time_text = [str(t) for t in times.tolist()]
+    time_text = [_time_label(t) for t in times.tolist()]
     main = PathSet(
         name="",
         xyz={key: _project3(states, f) for key, f in frames.items()},
@@ -502,7 +537,7 @@ def _overlay_set(
             out[key] = _project3(x_key, frame)
         return out
 
-    own_times = [str(t) for t in np.asarray(selected["time"].values).tolist()]
+    own_times = [_time_label(t) for t in np.asarray(selected["time"].values).tolist()]
     top, prob = _lens(selected)
     result = PathSet(
         name=label,
