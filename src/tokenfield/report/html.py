@@ -479,7 +479,7 @@ def _overlay_set(
     if n_other == n_base or n_base < 2:
         index = np.minimum(np.arange(n_base), n_other - 1)
     else:
-        index = np.round(np.arange(n_base) * (n_other - 1) / (n_base - 1)).astype(int)
+        index = np.floor(np.arange(n_base) * (n_other - 1) / (n_base - 1) + 0.5).astype(int)
     selected = selected.isel(time=index)
     states = _states_of(selected)
     d_base, d_other = base_states.shape[-1], states.shape[-1]
