@@ -352,6 +352,16 @@ def test_generated_tokens_continue_from_the_prompts_last_point(browser, rich_rep
             f"#trajectories-0 .scatterlayer .trace:nth-child({index + 1}) path.js-line"
         )
         assert drawn.count() == 1 and len(drawn.first.get_attribute("d")) > 10
+    # the slider moves the continuation with the layer: at layer 4 it starts at the
+    # prompt's point of layer 4, and its text is that layer's
+    first = gens[0][0]
+    full = page.evaluate(f"{PLOT}.data[0].x.slice()")
+    page.evaluate(f"Plotly.animate({PLOT}, ['t4'], {{mode: 'immediate', frame: {{duration: 0}}}})")
+    page.wait_for_function(f"{PLOT}.data[0].x.length === 5", timeout=5_000)
+    assert page.evaluate(f"{PLOT}.data[{first}].x[0]") == full[4]
+    assert "layer 4" in page.evaluate(f"{PLOT}.data[{first}].text[1]")
+    page.evaluate(f"Plotly.animate({PLOT}, ['t11'], {{mode: 'immediate', frame: {{duration: 0}}}})")
+    page.wait_for_function(f"{PLOT}.data[0].x.length === 12", timeout=5_000)
     _only_the_run(page)
     trace, point = next(p for p in _isolated_points(page, "gen") if p[1] > 0)
     owner = 0 if trace == gens[0][0] else 1  # point 0 is the prompt's own last token
