@@ -156,6 +156,7 @@ def test_help_explains(capsys):
         ),
         (["trace", "--out", "x", "--batch-size", "abc"], "Invalid value for '--batch-size'"),
         (["trace"], "Missing option '--out'"),
+        (["trace", "--out", "x", "--generate", "-1"], "--generate must be 0 or more"),
         (["no-such-command"], "No such command"),
     ],
 )

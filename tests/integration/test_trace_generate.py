@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,49 @@ def test_generate_refused_for_an_encoder():
     encoder = tiny_loaded("bert")
     with pytest.raises(UserError, match="cannot generate"):
         tf.trace(encoder, PROMPTS, generate=2)
+
+
+def test_a_steered_trace_stores_its_steered_continuations(tiny):
+    from tokenfield.steering.hooks import steering
+    from tokenfield.steering.vectors import SteeringVector
+
+    rng = np.random.default_rng(0)
+    vector = SteeringVector(rng.normal(size=tiny.d_model).astype(np.float32) * 3, layer=2)
+    plain = tf.trace(tiny, PROMPTS, generate=N, batch_size=4)
+    none = tf.trace(tiny, PROMPTS, generate=N, batch_size=4, steer=(vector, 0.0, "all"))
+    np.testing.assert_array_equal(none.states.values, plain.states.values)  # alpha 0: unchanged
+    ds = tf.trace(tiny, PROMPTS, generate=N, batch_size=4, steer=(vector, 2.0, "all"))
+    config = json.loads(ds.attrs["tokenfield_config"])
+    assert config["steering"]["alpha"] == 2.0 and config["steering"]["layer"] == 2
+    assert not np.array_equal(ds.token_id.values, plain.token_id.values)  # it steers
+    delta = torch.from_numpy(2.0 * vector.vector)
+
+    def add(_module, _args, output):
+        return output + delta if torch.is_tensor(output) else (output[0] + delta, *output[1:])
+
+    for index, text in enumerate(PROMPTS):
+        mine = ds.isel(particle=ds.prompt_index.values == index)
+        new_ids = mine.token_id.values[mine.is_generated.values].tolist()
+        with steering(tiny, vector, 2.0, positions="all"):
+            assert new_ids == _alone_greedy(tiny, text, N)  # the steered model's continuation
+        ids = torch.tensor([tiny.tokenizer(text)["input_ids"] + new_ids])
+        handle = tiny.sites.blocks[1].register_forward_hook(add)  # by hand: block 1's output
+        try:
+            with torch.no_grad():
+                out = tiny.model(ids, output_hidden_states=True)
+        finally:
+            handle.remove()
+        kept = mine.position.values
+        for time in range(tiny.n_layers):
+            hidden = out.hidden_states[time][0].numpy()[kept]
+            if time == vector.layer:  # transformers records block 1's output before the hook
+                hidden = hidden + delta.numpy()
+            assert rel_err(mine.states.values[time], hidden) < RTOL
+
+
+def test_steering_the_last_position_while_generating_is_refused(tiny):
+    from tokenfield.steering.vectors import SteeringVector
+
+    vector = SteeringVector(np.ones(tiny.d_model, dtype=np.float32), layer=1)
+    with pytest.raises(UserError, match="steer all positions"):
+        tf.trace(tiny, PROMPTS, generate=2, steer=(vector, 1.0, "last"))

@@ -80,6 +80,25 @@ def trace_command(
             "continuation of the prompt's path.",
         ),
     ] = 0,
+    steer: Annotated[
+        Path | None,
+        typer.Option(
+            "--steer",
+            help="Trace (and generate) with this steering vector (vector.safetensors of "
+            "'tokenfield steer') added at its layer; overlay the run on the unsteered one "
+            "with 'tokenfield report RUN --overlay STEERED'.",
+        ),
+    ] = None,
+    alpha: Annotated[
+        float, typer.Option("--alpha", help="Multiple of the --steer vector to add.")
+    ] = 1.0,
+    steer_positions: Annotated[
+        str,
+        typer.Option(
+            "--steer-positions",
+            help="'last' (the last token of the sequence) or 'all'; with --generate, 'all'.",
+        ),
+    ] = "last",
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a run made with another config.")
     ] = False,
@@ -107,6 +126,14 @@ def trace_command(
         from tokenfield.errors import UserError
 
         raise UserError(f"--generate must be 0 or more, got {generate}", "pass e.g. --generate 8")
+    steering = None
+    if steer is not None:
+        from tokenfield.errors import UserError
+        from tokenfield.steering.vectors import SteeringVector
+
+        if steer_positions not in ("last", "all"):
+            raise UserError(f"unknown --steer-positions '{steer_positions}'", "use 'last' or 'all'")
+        steering = (SteeringVector.load(steer), alpha, steer_positions)
     check_writable_dir(out)
     with console.status(f"loading {model}"):
         loaded = load_model(
@@ -127,6 +154,7 @@ def trace_command(
         attention=attention,
         logit_lens=logit_lens,
         generate=generate,
+        steer=steering,
         out=out,
         overwrite=overwrite,
         progress=True,

@@ -143,6 +143,12 @@ def _forward(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.Tenso
     return out.logits[:, -1, :].float()
 
 
+def _sha256(values: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float32).tobytes()).hexdigest()
+
+
 def _continue_greedily(
     model: LoadedModel, batch: Sequence[Encoded], n: int
 ) -> tuple[list[Encoded], list[tuple[int, bool]]]:
@@ -364,6 +370,7 @@ def trace(
     logit_lens: bool = False,
     lens_k: int = 5,
     generate: int = 0,
+    steer: tuple[Any, float, str] | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
     progress: bool = False,
@@ -389,6 +396,13 @@ def trace(
             models) and keep each generated token's states at every time as a
             particle (``is_generated`` true); fewer only when the model emits
             its end-of-sequence token (kept, and recorded in ``generation_eos``).
+        steer: ``(vector, alpha, positions)``: trace (and generate) with a
+            :class:`~tokenfield.steering.vectors.SteeringVector` times ``alpha``
+            added at its layer (:func:`tokenfield.steering.hooks.steering`);
+            recorded in the config, so the steered run can be overlaid on the
+            unsteered one in the report. With ``generate``, ``positions`` must be
+            ``"all"`` (``"last"`` would steer a different token in the
+            generation and in the trace's forward).
         out: stream into this run directory (resumable); ``None`` keeps it in memory.
         overwrite: replace a run at ``out`` made with another config.
         progress: show a progress bar.
@@ -454,6 +468,22 @@ def trace(
         config["logit_lens"] = {"k": lens_k}
     if generate:
         config["generate"] = {"max_new_tokens": generate, "decoding": "greedy"}
+    if steer is not None:
+        vector, alpha, steer_positions = steer
+        if generate and steer_positions != "all":
+            raise UserError(
+                "steering the last position while generating would steer another token in "
+                "each generation step than in the trace",
+                "steer all positions (--steer-positions all) with --generate",
+            )
+        vector.check_model(model)
+        config["steering"] = {
+            "layer": int(vector.layer),
+            "alpha": float(alpha),
+            "positions": steer_positions,
+            "vector_sha256": _sha256(vector.vector),
+            "provenance": vector.provenance,
+        }
     writer = None
     if out is not None:
         writer = RunWriter(out, "trace", config, append_dim="particle", overwrite=overwrite)
@@ -469,6 +499,10 @@ def trace(
     )
     with contextlib.ExitStack() as stack:
         stack.enter_context(bar)
+        if steer is not None:
+            from tokenfield.steering.hooks import steering
+
+            stack.enter_context(steering(model, steer[0], steer[1], positions=steer[2]))
         capture = stack.enter_context(capture_residual(model.sites))
         reducer: AttentionCapture | None = None
         if attention:

@@ -197,10 +197,10 @@ def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = 
     if metrics_file.is_file():
         metrics = json.loads(metrics_file.read_text())
         options = metrics.get("options", {})
-        selected = select_particles(ds, options.get("particles", "last")).load()
         if (path / PROJECTION_NPZ).is_file():
             frame = load_projection(path)
         else:
+            selected = select_particles(ds, options.get("particles", "last")).load()
             frame = fit_projection(selected, sphere=bool(options.get("sphere", False)))
         images = _read_images(path / FIGURES)
     else:
