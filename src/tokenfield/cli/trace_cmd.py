@@ -133,6 +133,12 @@ def trace_command(
 
         if steer_positions not in ("last", "all"):
             raise UserError(f"unknown --steer-positions '{steer_positions}'", "use 'last' or 'all'")
+        if generate and steer_positions != "all":
+            raise UserError(
+                "--generate with --steer-positions last would steer another token in each "
+                "generation step than in the trace",
+                "pass --steer-positions all",
+            )
         steering = (SteeringVector.load(steer), alpha, steer_positions)
     check_writable_dir(out)
     with console.status(f"loading {model}"):
