@@ -56,7 +56,7 @@ def test_report_loads_draws_and_the_slider_moves_the_plot(report):
                 "request",
                 lambda r: None if r.url.startswith(("file:", "data:")) else remote.append(r.url),
             )
-            page.goto(report.as_uri())
+            page.goto(report.as_uri(), timeout=120_000)
             plot = "#trajectories-0"
             page.wait_for_selector(f"{plot} svg.main-svg", timeout=20_000)
             assert page.locator(f"{plot}.plotly-graph-div, {plot} .plotly").count() >= 1
@@ -204,7 +204,7 @@ def _open(browser, report: Path):
         "request",
         lambda r: None if r.url.startswith(("file:", "data:")) else problems.append(r.url),
     )
-    page.goto(report.as_uri())
+    page.goto(report.as_uri(), timeout=120_000)
     page.wait_for_selector("#trajectories-0 svg.main-svg", timeout=20_000)
     page.locator("#trajectories-0").scroll_into_view_if_needed()
     return page, problems
