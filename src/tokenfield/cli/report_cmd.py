@@ -12,7 +12,11 @@ from tokenfield.cli._app import app
 
 @app.command(
     "report",
-    epilog="Example: tokenfield report runs/categories runs/spectrum --out runs/report.html",
+    epilog=(
+        "Example: tokenfield report runs/categories runs/spectrum --out runs/report.html\n\n"
+        "Overlay: tokenfield report runs/demo/seed-categories "
+        "--overlay runs/demo/seed-categories-random:random --out runs/overlay.html"
+    ),
 )
 def report_command(
     runs: Annotated[list[Path] | None, typer.Argument(help="Run directories.")] = None,
@@ -46,6 +50,12 @@ def report_command(
     present (and analyses the others in memory, without writing to them, saying
     so). The figures of 'tokenfield lens' (RUN/figures/theory_*.png) are shown
     with their run; add RUN/theory.html with --section for the lens's table.
+
+    The interactive trajectories: hover a point for its prompt, token, layer,
+    norm and (runs traced with --logit-lens) the top-5 tokens at that layer;
+    switch 2-D / 3-D and raw / unit-sphere PCA; a layer slider and play button;
+    tokens of 'trace --generate' continue their prompt's path. A simulate run
+    also shows its particles on the circle or sphere, its energy and clusters.
     """
     import time
 
