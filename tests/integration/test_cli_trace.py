@@ -156,6 +156,11 @@ def test_help_explains(capsys):
         ),
         (["trace", "--out", "x", "--batch-size", "abc"], "Invalid value for '--batch-size'"),
         (["trace"], "Missing option '--out'"),
+        (["trace", "--out", "x", "--generate", "-1"], "--generate must be 0 or more"),
+        (
+            ["trace", "--out", "x", "--generate", "2", "--steer", "v.safetensors"],
+            "pass --steer-positions all",
+        ),
         (["no-such-command"], "No such command"),
     ],
 )

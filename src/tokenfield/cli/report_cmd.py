@@ -12,7 +12,11 @@ from tokenfield.cli._app import app
 
 @app.command(
     "report",
-    epilog="Example: tokenfield report runs/categories runs/spectrum --out runs/report.html",
+    epilog=(
+        "Example: tokenfield report runs/categories runs/spectrum --out runs/report.html\n\n"
+        "Overlay: tokenfield report runs/demo/seed-categories "
+        "--overlay runs/demo/seed-categories-random:random --out runs/overlay.html"
+    ),
 )
 def report_command(
     runs: Annotated[list[Path] | None, typer.Argument(help="Run directories.")] = None,
@@ -35,6 +39,17 @@ def report_command(
             help="Replace --out even if it is not a tokenfield report (a report is always replaced).",
         ),
     ] = False,
+    overlay: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--overlay",
+            help="Another run (RUN or RUN:LABEL, repeatable) drawn in the first run's "
+            "interactive trajectories, in its frozen PCA frame: its random-weight "
+            "baseline, a trace of a steered model, or another model traced on the same "
+            "prompts (rotated onto the first model's states layer by layer by an "
+            "orthogonal Procrustes fit). The legend toggles each run.",
+        ),
+    ] = None,
 ) -> None:
     """Write an offline HTML report: interactive trajectories, figures and tables.
 
@@ -42,6 +57,12 @@ def report_command(
     present (and analyses the others in memory, without writing to them, saying
     so). The figures of 'tokenfield lens' (RUN/figures/theory_*.png) are shown
     with their run; add RUN/theory.html with --section for the lens's table.
+
+    The interactive trajectories: hover a point for its prompt, token, layer,
+    norm and (runs traced with --logit-lens) the top-5 tokens at that layer;
+    switch 2-D / 3-D and raw / unit-sphere PCA; a layer slider and play button;
+    tokens of 'trace --generate' continue their prompt's path. A simulate run
+    also shows its particles on the circle or sphere, its energy and clusters.
     """
     import time
 
@@ -50,12 +71,19 @@ def report_command(
     from tokenfield.runs import read_run_info
 
     started = time.perf_counter()
-    for run in runs or []:
+    from tokenfield.report.html import parse_overlay
+
+    for run in [*(runs or []), *(parse_overlay(o)[0] for o in overlay or [])]:
         read_run_info(run)  # a clear error before any work
     in_memory = unanalysed_runs(runs or [])
     with make_console(stderr=True).status("writing the report"):
         path = write_report(
-            runs or [], out, title=title, sections=section or [], overwrite=overwrite
+            runs or [],
+            out,
+            title=title,
+            sections=section or [],
+            overwrite=overwrite,
+            overlays=overlay or [],
         )
     for run in in_memory:
         make_console(stderr=True).print(

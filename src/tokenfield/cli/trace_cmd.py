@@ -70,6 +70,35 @@ def trace_command(
             "unembedding at every layer (top tokens, rank of the final prediction).",
         ),
     ] = False,
+    generate: Annotated[
+        int,
+        typer.Option(
+            "--generate",
+            help="Greedily generate N tokens after each prompt and keep each generated "
+            "token's states at every layer as particles too (is_generated true; fewer "
+            "than N only at an end-of-sequence token). The report draws them as the "
+            "continuation of the prompt's path.",
+        ),
+    ] = 0,
+    steer: Annotated[
+        Path | None,
+        typer.Option(
+            "--steer",
+            help="Trace (and generate) with this steering vector (vector.safetensors of "
+            "'tokenfield steer') added at its layer; overlay the run on the unsteered one "
+            "with 'tokenfield report RUN --overlay STEERED'.",
+        ),
+    ] = None,
+    alpha: Annotated[
+        float, typer.Option("--alpha", help="Multiple of the --steer vector to add.")
+    ] = 1.0,
+    steer_positions: Annotated[
+        str,
+        typer.Option(
+            "--steer-positions",
+            help="'last' (the last token of the sequence) or 'all'; with --generate, 'all'.",
+        ),
+    ] = "last",
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a run made with another config.")
     ] = False,
@@ -93,6 +122,24 @@ def trace_command(
         from tokenfield.errors import UserError
 
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
+    if generate < 0:
+        from tokenfield.errors import UserError
+
+        raise UserError(f"--generate must be 0 or more, got {generate}", "pass e.g. --generate 8")
+    steering = None
+    if steer is not None:
+        from tokenfield.errors import UserError
+        from tokenfield.steering.vectors import SteeringVector
+
+        if steer_positions not in ("last", "all"):
+            raise UserError(f"unknown --steer-positions '{steer_positions}'", "use 'last' or 'all'")
+        if generate and steer_positions != "all":
+            raise UserError(
+                "--generate with --steer-positions last would steer another token in each "
+                "generation step than in the trace",
+                "pass --steer-positions all",
+            )
+        steering = (SteeringVector.load(steer), alpha, steer_positions)
     check_writable_dir(out)
     from tokenfield._lock import hold_for_command
 
@@ -115,6 +162,8 @@ def trace_command(
         truncate=truncate,
         attention=attention,
         logit_lens=logit_lens,
+        generate=generate,
+        steer=steering,
         out=out,
         overwrite=overwrite,
         progress=True,

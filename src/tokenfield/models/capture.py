@@ -147,14 +147,19 @@ def logit_lens(
     top_probs = np.zeros((times, n, k), dtype=np.float32)
     rank = np.zeros((times, n), dtype=np.int64)
     target = target.to(param.device)
-    for time in range(times):
-        hidden = states[time].to(param.device, param.dtype)  # (n, d)
+    vocab = int(getattr(unembed, "out_features", 0) or 0) or 1
+    # Several times per product: the unembedding is read once per chunk, not once per
+    # time (it is the bulk of the cost), with at most ~64 MB of logits at once.
+    per_chunk = max(1, min(times, (16_000_000 // vocab) // max(n, 1)))
+    for start in range(0, times, per_chunk):
+        stop = min(times, start + per_chunk)
+        hidden = states[start:stop].reshape((stop - start) * n, -1).to(param.device, param.dtype)
         if sites.final_norm is not None:
             hidden = sites.final_norm(hidden)
-        logits = unembed(hidden).float()  # (n, vocab); dropped after this time
+        logits = unembed(hidden).float()  # (chunk * n, vocab); dropped after this chunk
         probs, ids = logits.softmax(-1).topk(k, dim=-1)
-        chosen = logits.gather(1, target[:, None])  # (n, 1)
-        top_ids[time] = ids.cpu().numpy()
-        top_probs[time] = probs.cpu().numpy()
-        rank[time] = (1 + (logits > chosen).sum(-1)).cpu().numpy()
+        chosen = logits.gather(1, target.repeat(stop - start)[:, None])
+        top_ids[start:stop] = ids.reshape(stop - start, n, k).cpu().numpy()
+        top_probs[start:stop] = probs.reshape(stop - start, n, k).cpu().numpy()
+        rank[start:stop] = (1 + (logits > chosen).sum(-1)).reshape(stop - start, n).cpu().numpy()
     return LensReadout(top_ids, top_probs, rank)

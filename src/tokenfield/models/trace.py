@@ -23,6 +23,11 @@ Two optional read-outs cost nothing when off (no hooks, no config keys):
 - ``logit_lens=True``: each last-token state at every time read through the
   final norm and the unembedding: its top tokens and the rank of the model's
   final prediction (:func:`tokenfield.models.capture.logit_lens`).
+
+``generate=N`` (causal models) greedily generates N tokens after each prompt and
+keeps every generated token's states as particles too (``is_generated`` true,
+``position`` past the prompt): one plain forward over prompt + continuation per
+batch, so the states are those of the model reading the generated text.
 """
 
 from __future__ import annotations
@@ -138,6 +143,104 @@ def _forward(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.Tenso
     return out.logits[:, -1, :].float()
 
 
+def _sha256(values: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float32).tobytes()).hexdigest()
+
+
+def _continue_greedily(
+    model: LoadedModel, batch: Sequence[Encoded], n: int
+) -> tuple[list[Encoded], list[tuple[int, bool]]]:
+    """Greedy continuations: each prompt's ids extended by up to ``n`` generated ids.
+
+    Returns the extended items and, per prompt, (how many ids were generated,
+    whether the last is the end-of-sequence token: then it stopped early).
+    """
+    padded = _pad_batch(batch, model, "last")
+    inputs = {k: v.to(model.device) for k, v in padded["inputs"].items()}
+    inputs.pop("position_ids")  # generate() derives positions from the mask itself
+    tokenizer = model.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else None
+    if pad_id is None:
+        pad_id = tokenizer.eos_token_id or 0
+    eos = model.model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    out = model.model.generate(
+        **inputs,
+        max_new_tokens=n,
+        min_new_tokens=0,
+        do_sample=False,
+        num_beams=1,
+        pad_token_id=pad_id,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )
+    new = out[:, inputs["input_ids"].shape[1] :].cpu().tolist()
+    extended, generated = [], []
+    for item, row in zip(batch, new, strict=True):
+        ids: list[int] = []
+        stopped = False
+        for token in row[:n]:
+            ids.append(int(token))
+            if int(token) in eos_ids:
+                stopped = True
+                break
+        extended.append(Encoded(item.prompt, [*item.ids, *ids]))
+        generated.append((len(ids), stopped))
+    return extended, generated
+
+
+def _pad_generated(
+    batch: Sequence[Encoded],
+    generated: Sequence[tuple[int, bool]],
+    model: LoadedModel,
+    positions: Positions,
+) -> dict[str, torch.Tensor]:
+    """:func:`_pad_batch` for prompt + continuation: ``last`` marks each prompt's
+    own last token, ``keep`` adds every generated token, ``read`` (what the logit
+    lens reads) is ``last`` and the generated tokens."""
+    padded = _pad_batch(batch, model, "all")
+    mask = padded["inputs"]["attention_mask"].bool()
+    width = mask.shape[1]
+    last = torch.zeros_like(mask)
+    new = torch.zeros_like(mask)
+    for row, (count, _stopped) in enumerate(generated):
+        last[row, width - 1 - count] = True  # causal: left padded, the sequence ends last
+        new[row, width - count :] = count > 0
+    keep = mask if positions == "all" else last | new
+    return {"inputs": padded["inputs"], "keep": keep, "last": last, "read": last | new}
+
+
+def _forward_every(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Run the causal model; return the logits at every column (batch, seq, vocab)."""
+    inputs = {k: v.to(model.device) for k, v in inputs.items()}
+    return model.model(**inputs, use_cache=False).logits.float()
+
+
+def _mark_generated(
+    piece: xr.Dataset,
+    batch: Sequence[Encoded],
+    generated: Sequence[tuple[int, bool]],
+    first_prompt: int,
+) -> xr.Dataset:
+    """Add ``is_generated``, ``n_generated`` and ``generation_eos`` to a piece."""
+    row = np.asarray(piece["prompt_index"].values) - first_prompt
+    prompt_length = np.array(
+        [len(item.ids) - count for item, (count, _) in zip(batch, generated, strict=True)]
+    )
+    counts = np.array([count for count, _ in generated], dtype=np.int64)
+    eos = np.array([stopped for _, stopped in generated], dtype=bool)
+    return piece.assign_coords(
+        is_generated=("particle", np.asarray(piece["position"].values) >= prompt_length[row]),
+        n_generated=("particle", counts[row]),
+        generation_eos=("particle", eos[row]),
+    )
+
+
 def _piece(
     model: LoadedModel,
     batch: Sequence[Encoded],
@@ -226,7 +329,10 @@ def _lens_variables(
     ranks = np.full((times, n), -1, dtype=np.int64)
     targets = np.full(n, "", dtype=object)
     if chosen.numel():
-        target = logits.argmax(-1)[rows[chosen]]  # (n_last,)
+        if logits.dim() == 3:  # (batch, seq, vocab): every position's prediction (--generate)
+            target = logits[rows[chosen], cols[chosen]].argmax(-1)
+        else:
+            target = logits.argmax(-1)[rows[chosen]]  # (n_last,)
         stacked = torch.stack([s[chosen] for s in states])  # (time, n_last, d)
         readout = logit_lens(model.sites, model.model.get_output_embeddings(), stacked, target, k)
         words: dict[int, str] = {}
@@ -263,6 +369,8 @@ def trace(
     attention: bool = False,
     logit_lens: bool = False,
     lens_k: int = 5,
+    generate: int = 0,
+    steer: tuple[Any, float, str] | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
     progress: bool = False,
@@ -292,6 +400,17 @@ def trace(
         logit_lens: also read every last-token state through the final norm
             and the unembedding (causal models with an output embedding).
         lens_k: top tokens kept per time by the logit lens.
+        generate: greedily generate this many tokens after each prompt (causal
+            models) and keep each generated token's states at every time as a
+            particle (``is_generated`` true); fewer only when the model emits
+            its end-of-sequence token (kept, and recorded in ``generation_eos``).
+        steer: ``(vector, alpha, positions)``: trace (and generate) with a
+            :class:`~tokenfield.steering.vectors.SteeringVector` times ``alpha``
+            added at its layer (:func:`tokenfield.steering.hooks.steering`);
+            recorded in the config, so the steered run can be overlaid on the
+            unsteered one in the report. With ``generate``, ``positions`` must be
+            ``"all"`` (``"last"`` would steer a different token in the
+            generation and in the trace's forward).
         out: stream into this run directory (resumable); ``None`` keeps it in memory.
         overwrite: replace a run at ``out`` made with another config.
         progress: show a progress bar.
@@ -330,6 +449,13 @@ def trace(
             )
         if lens_k < 1:
             raise UserError(f"lens_k must be at least 1, got {lens_k}", "pass e.g. lens_k=5")
+    if generate < 0:
+        raise UserError(f"generate must be 0 or more, got {generate}", "pass e.g. --generate 8")
+    if generate and not model.causal:
+        raise UserError(
+            f"model '{model.name}' is not a causal language model, so it cannot generate",
+            "drop --generate for this model",
+        )
     prompt_list = load_prompts(prompts)
     encoded = encode_prompts(model, prompt_list, chat=chat, truncate=truncate)
     config = {
@@ -348,6 +474,24 @@ def trace(
         }
     if logit_lens:
         config["logit_lens"] = {"k": lens_k}
+    if generate:
+        config["generate"] = {"max_new_tokens": generate, "decoding": "greedy"}
+    if steer is not None:
+        vector, alpha, steer_positions = steer
+        if generate and steer_positions != "all":
+            raise UserError(
+                "steering the last position while generating would steer another token in "
+                "each generation step than in the trace",
+                "steer all positions (--steer-positions all) with --generate",
+            )
+        vector.check_model(model)
+        config["steering"] = {
+            "layer": int(vector.layer),
+            "alpha": float(alpha),
+            "positions": steer_positions,
+            "vector_sha256": _sha256(vector.vector),
+            "provenance": vector.provenance,
+        }
     writer = None
     if out is not None:
         writer = RunWriter(
@@ -374,6 +518,10 @@ def trace(
         if writer is not None:
             stack.callback(writer.close)  # the lock goes however the loop ends
         stack.enter_context(bar)
+        if steer is not None:
+            from tokenfield.steering.hooks import steering
+
+            stack.enter_context(steering(model, steer[0], steer[1], positions=steer[2]))
         capture = stack.enter_context(capture_residual(model.sites))
         reducer: AttentionCapture | None = None
         if attention:
@@ -382,11 +530,22 @@ def trace(
         stack.enter_context(torch.inference_mode())
         for first in range(start, len(encoded), batch_size):
             batch = encoded[first : first + batch_size]
-            padded = _pad_batch(batch, model, positions)
-            capture.reset(model.n_layers + 1, padded["keep"])
-            if reducer is not None:
-                reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
-            logits = _forward(model, padded["inputs"])
+            generated = None
+            if generate:
+                with capture.pause():
+                    batch, generated = _continue_greedily(model, batch, generate)
+                padded = _pad_generated(batch, generated, model, positions)
+                capture.reset(model.n_layers + 1, padded["keep"])
+                if reducer is not None:
+                    reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
+                every = _forward_every(model, padded["inputs"])
+                logits = every[torch.arange(len(batch)), padded["last"].float().argmax(-1)]
+            else:
+                padded = _pad_batch(batch, model, positions)
+                capture.reset(model.n_layers + 1, padded["keep"])
+                if reducer is not None:
+                    reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
+                logits = _forward(model, padded["inputs"])
             states = [s for s in capture.states if s is not None]
             if len(states) != model.n_layers + 1:
                 raise RuntimeError("a block did not run; the site registry is wrong for this model")
@@ -399,6 +558,10 @@ def trace(
                     extras.update(
                         _lens_variables(
                             model, states, padded["keep"], padded["last"], logits, lens_k
+                        )
+                        if generated is None
+                        else _lens_variables(
+                            model, states, padded["keep"], padded["read"], every, lens_k
                         )
                     )
             piece = _piece(
@@ -416,6 +579,8 @@ def trace(
             )
             if legacy:
                 piece = piece.drop_vars(["token_id", "token_piece"])
+            if generated is not None:
+                piece = _mark_generated(piece, batch, generated, first)
             particles += piece.sizes["particle"]
             if writer:
                 writer.append(piece, done=first + len(batch))

@@ -27,8 +27,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenfield.analysis.projection import PROJECTION_NPZ, fit_projection, load_projection, project
-from tokenfield.analysis.run_analysis import analyze, select_particles, summary_rows
+import numpy as np
+import xarray as xr
+
+from tokenfield.analysis.projection import (
+    PROJECTION_NPZ,
+    Projection,
+    fit_projection,
+    load_projection,
+)
+from tokenfield.analysis.run_analysis import (
+    analyze,
+    display_labels,
+    select_particles,
+    select_times,
+    summary_rows,
+)
 from tokenfield.errors import UserError
 from tokenfield.runs import FIGURES, METRICS_JSON, check_writable_dir, open_run, read_run_info
 
@@ -78,6 +92,8 @@ th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: ta
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: .85em; color: #555; } .note { font-size: .85em; color: #444; }
 nav a { margin-right: 1em; } .scroll { max-height: 28em; overflow: auto; }
+.views { font-size: .9em; margin: .3em 0; } .views label { margin-right: 1em; }
+.views .sep { margin-right: 1em; color: #aaa; }
 """
 
 
@@ -102,6 +118,7 @@ def write_report(
     title: str = "tokenfield report",
     sections: Sequence[str | Path] = (),
     overwrite: bool = False,
+    overlays: Sequence[str | Path | tuple[str | Path, str]] = (),
 ) -> Path:
     """Write one self-contained, offline HTML report for the given runs.
 
@@ -113,6 +130,10 @@ def write_report(
             ``scripts/meanfield_tables.py`` or the theory-lens section.
         overwrite: replace ``out`` even when it is not a tokenfield report (an
             earlier report is always replaced; any other file is refused).
+        overlays: other runs (``path`` or ``(path, label)``, or ``"path:label"``)
+            drawn in the first run's interactive trajectories, in its frozen PCA
+            frames; another model is first aligned layer by layer by an
+            orthogonal Procrustes rotation over the shared prompts.
 
     Returns:
         The path written.
@@ -144,9 +165,18 @@ def write_report(
         )
     for path in paths:
         read_run_info(path)  # a clear error before any work
+    overlay_list = [parse_overlay(o) for o in overlays]
+    if overlay_list and not paths:
+        raise UserError("--overlay needs a run to draw on", "give the reference run first")
+    for other, _label in overlay_list:
+        read_run_info(other)
     from plotly.offline import get_plotlyjs
 
-    run_sections = [_run_section(path, i) for i, path in enumerate(paths)]
+    from tokenfield.report.interactive import START_JS, VIEW_JS
+
+    run_sections = [
+        _run_section(path, i, overlay_list if i == 0 else ()) for i, path in enumerate(paths)
+    ]
     nav = "".join(
         f'<a href="#run-{i}">{html.escape(path.name or str(path))}</a>'
         for i, path in enumerate(paths)
@@ -157,11 +187,14 @@ def write_report(
         f"<title>{html.escape(title)}</title>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<style>{STYLE}</style>"
-        f'<script type="text/javascript">{get_plotlyjs()}</script>'
         "</head><body>"
         f"<h1>{html.escape(title)}</h1><p>Generated {now} for {len(paths)} run(s).</p>"
         f"<nav>{nav}</nav>{NOTES if paths else ''}{''.join(run_sections)}"
-        f"{''.join(fragments)}</body></html>\n"
+        f"{''.join(fragments)}"
+        # plotly.js once, last: the page's text paints before the 4.6 MB script is parsed
+        f'<script type="text/javascript">{get_plotlyjs()}</script>'
+        f"<script>{VIEW_JS}{START_JS}</script>"
+        "</body></html>\n"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
@@ -179,26 +212,24 @@ def write_report(
     return out
 
 
-def _run_section(path: Path, index: int) -> str:
-    from tokenfield.report.interactive import trajectory_figure
-
+def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = ()) -> str:
     ds = open_run(path)
     metrics_file = path / METRICS_JSON
     images: dict[str, tuple[str, bytes]] = {}
     if metrics_file.is_file():
         metrics = json.loads(metrics_file.read_text())
         options = metrics.get("options", {})
-        selected = select_particles(ds, options.get("particles", "last")).load()
         if (path / PROJECTION_NPZ).is_file():
             frame = load_projection(path)
         else:
+            selected = select_particles(ds, options.get("particles", "last")).load()
             frame = fit_projection(selected, sphere=bool(options.get("sphere", False)))
-        pcs = project(selected, frame)
         images = _read_images(path / FIGURES)
     else:
+        options = {}
         result = analyze(ds)
         metrics = result.to_metrics()
-        frame, pcs = result.frame, result.pcs
+        frame = result.frame
         from tokenfield.viz import write_figures
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -211,18 +242,14 @@ def _run_section(path: Path, index: int) -> str:
     kind = info.get("kind", "trace")
     time_name = "layer" if kind == "trace" else "time"
     name = path.name or str(path)
-    figure = trajectory_figure(
-        pcs,
-        explained=list(frame.explained_variance_ratio[:2]) if not frame.per_layer else None,
-        time_name=time_name,
-        title=f"{name}: trajectories in the {'unit-sphere ' if frame.sphere else ''}PCA plane",
-    )
-    plot = figure.to_html(
-        full_html=False,
-        include_plotlyjs=False,
-        div_id=f"trajectories-{index}",
-        auto_play=False,
-        config={"displaylogo": False, "responsive": True},
+    plot = _interactive(
+        ds,
+        frame,
+        index,
+        name=name,
+        trace=kind == "trace",
+        times_option=str(options.get("times", "seed")) if metrics_file.is_file() else "seed",
+        overlays=overlays,
     )
     model = _describe_model(info.get("model"))
     heading = f"{html.escape(name)} <small>({html.escape(kind)}{', ' + html.escape(model) if model else ''})</small>"
@@ -230,6 +257,8 @@ def _run_section(path: Path, index: int) -> str:
     parts.append(f"<p class='note'>{html.escape(str(path))}</p>")
     parts.append("<h3>Summary</h3>" + _summary_table(metrics))
     parts.append("<h3>Trajectories (interactive)</h3>" + plot)
+    if kind == "simulation":
+        parts.append(_simulation_views(ds, metrics, index))
     if images:
         parts.append("<h3>Figures</h3>" + _figures(images))
     parts.append(_separation_table(metrics))
@@ -240,6 +269,338 @@ def _run_section(path: Path, index: int) -> str:
     return "".join(parts)
 
 
+def _simulation_views(ds: xr.Dataset, metrics: dict[str, Any], index: int) -> str:
+    """A simulated run on its sphere (d = 2: angles against time; d = 3: the sphere in
+    3-D with a time slider), and its energy and cluster count against time."""
+    from tokenfield.analysis.simulation import analyze_simulation
+    from tokenfield.report.interactive import figure_html, simulation_figures
+
+    if "system" in ds["states"].dims:
+        ds = ds.isel(system=0)
+    analysis = metrics.get("simulation")
+    if not isinstance(analysis, dict):
+        try:
+            analysis = analyze_simulation(ds, max_frames=200)
+        except UserError:
+            analysis = None  # no beta in the config: no energy
+    states = _states_of(ds.load())
+    figures = simulation_figures(states, np.asarray(ds["time"].values), analysis)
+    if not figures:
+        return ""
+    d = states.shape[-1]
+    note = (
+        ""
+        if d in (2, 3)
+        else f"<p class='note'>d = {d}: the sphere is shown for d = 2 and 3 only.</p>"
+    )
+    body = "".join(figure_html(f, f"simulation-{index}-{i}") for i, f in enumerate(figures))
+    return f"<h3>Simulation (interactive)</h3>{note}{body}"
+
+
+def _time_label(value: Any) -> str:
+    """A layer as it is; an ODE time with 4 significant digits (not 9.200000000000001)."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _project3(states: np.ndarray, frame: Projection) -> np.ndarray:
+    """(time, particle, feature) -> (time, particle, 3) in a global frame (zeros past
+    the frame's components)."""
+    if frame.sphere:
+        norms = np.linalg.norm(states, axis=-1, keepdims=True)
+        states = states / np.where(norms > 0, norms, 1.0)
+    comps = frame.components[:3]
+    out = np.zeros((*states.shape[:2], 3))
+    out[..., : comps.shape[0]] = (states - frame.mean) @ comps.T
+    return out
+
+
+def _states_of(ds: xr.Dataset) -> np.ndarray:
+    return np.asarray(ds["states"].transpose("time", "particle", "feature").values, np.float64)
+
+
+def _tokens(ds: xr.Dataset) -> list[str]:
+    for name in ("token_piece", "token"):
+        if name in ds.coords:
+            return [str(t) for t in ds[name].values]
+    return [""] * ds.sizes["particle"]
+
+
+def _lens(ds: xr.Dataset) -> tuple[np.ndarray | None, np.ndarray | None]:
+    if "lens_top" not in ds or "lens_prob" not in ds:
+        return None, None
+    top = np.asarray(ds["lens_top"].transpose("time", "particle", "lens_k").values)
+    prob = np.asarray(ds["lens_prob"].transpose("time", "particle", "lens_k").values)
+    return top, prob
+
+
+def _frames(
+    selected: xr.Dataset, frame: Projection, *, trace: bool, times_option: str
+) -> dict[str, Projection]:
+    """The frames offered: the analysis's (first) and, for a trace, the other of
+    raw / unit-sphere, fitted here the same way (joint PCA over the analysis's times)."""
+    fitted_on = select_times(selected, times_option)
+    if frame.per_layer or frame.n_components < 1:
+        frame = fit_projection(fitted_on, sphere=frame.sphere)
+    frames = {"sphere" if frame.sphere else "raw": frame}
+    if trace:
+        other = fit_projection(fitted_on, sphere=not frame.sphere)
+        frames["raw" if frame.sphere else "sphere"] = other
+    return frames
+
+
+def _generated_paths(
+    ds: xr.Dataset,
+    selected: xr.Dataset,
+    transform: Any,
+    time_index: np.ndarray,
+    time_name: str,
+) -> dict[int, tuple[dict[str, np.ndarray], list[list[str]]]]:
+    """Each prompt's generated tokens: per frame key (time, n, 3), and hover lines (time, n)."""
+    from tokenfield.report.interactive import hover_lines
+
+    if "is_generated" not in ds.coords or "prompt_index" not in ds.coords:
+        return {}
+    flags = np.asarray(ds["is_generated"].values, dtype=bool)
+    if not flags.any():
+        return {}
+    gen = ds.isel(particle=np.flatnonzero(flags)).isel(time=time_index).load()
+    owner = np.asarray(gen["prompt_index"].values)
+    position = np.asarray(gen["position"].values)
+    times = [_time_label(t) for t in np.asarray(gen["time"].values).tolist()]
+    out = {}
+    for p, prompt in enumerate(np.asarray(selected["prompt_index"].values).tolist()):
+        mine = np.flatnonzero(owner == prompt)
+        if mine.size == 0:
+            continue
+        mine = mine[np.argsort(position[mine], kind="stable")]
+        part = gen.isel(particle=mine)
+        states = _states_of(part)
+        norms = np.linalg.norm(states, axis=-1)
+        top, prob = _lens(part)
+        rows = hover_lines(
+            _tokens(part), times, norms, top, prob, time_name=time_name, prefix="generated "
+        )
+        rows = [[f"#{j + 1} {rows[j][t]}" for j in range(len(mine))] for t in range(len(times))]
+        out[p] = (transform(states), rows)
+    return out
+
+
+def _interactive(
+    ds: xr.Dataset,
+    frame: Projection,
+    index: int,
+    *,
+    name: str,
+    trace: bool,
+    times_option: str,
+    overlays: Sequence[tuple[Path, str]] = (),
+) -> str:
+    """The interactive trajectories of one run: 2-D / 3-D, both frames, hover with the
+    token, its norm and the logit lens, the generated continuations and the overlays."""
+    from tokenfield.report.interactive import (
+        MAX_PARTICLES,
+        PathSet,
+        _evenly,
+        hover_lines,
+        trajectory_views,
+        views_html,
+    )
+
+    if "system" in ds["states"].dims:
+        ds = ds.isel(system=0)
+    selected = select_particles(ds, "last")
+    selected = selected.isel(particle=_evenly(selected.sizes["particle"], MAX_PARTICLES)).load()
+    frames = _frames(selected, frame, trace=trace, times_option=times_option)
+    time_name = "layer" if trace else "time"
+    times = np.asarray(selected["time"].values)
+    states = _states_of(selected)
+    top, prob = _lens(selected)
+    time_text = [_time_label(t) for t in times.tolist()]
+    main = PathSet(
+        name="",
+        xyz={key: _project3(states, f) for key, f in frames.items()},
+        categories=[str(c) for c in selected["category"].values]
+        if "category" in selected.coords
+        else ["particles"] * selected.sizes["particle"],
+        labels=display_labels(selected),
+        prompts=[str(p) for p in selected["prompt"].values]
+        if "prompt" in selected.coords
+        else [""] * selected.sizes["particle"],
+        text=hover_lines(
+            _tokens(selected),
+            time_text,
+            np.linalg.norm(states, axis=-1),
+            top,
+            prob,
+            time_name=time_name,
+        ),
+    )
+    main.generated = (
+        _generated_paths(
+            ds,
+            selected,
+            lambda x: {key: _project3(x, f) for key, f in frames.items()},
+            np.arange(len(times)),
+            time_name,
+        )
+        if "prompt_index" in selected.coords
+        else {}
+    )
+    others = [
+        _overlay_set(selected, states, frames, other, label, time_name=time_name, base_name=name)
+        for other, label in overlays
+    ]
+    payload = trajectory_views(
+        main,
+        others,
+        times=time_text,
+        explained={key: list(f.explained_variance_ratio[:3]) for key, f in frames.items()},
+        time_name=time_name,
+        title=f"{name}: trajectories",
+    )
+    return views_html(payload, f"trajectories-{index}")
+
+
+def _model_name(ds: xr.Dataset) -> str:
+    model = ((ds.attrs.get("run") or {}).get("config") or {}).get("model")
+    if isinstance(model, dict):
+        return str(model.get("name", ""))
+    return str(model or "")
+
+
+def _overlay_set(
+    base: xr.Dataset,
+    base_states: np.ndarray,
+    frames: dict[str, Projection],
+    other: Path,
+    label: str,
+    *,
+    time_name: str,
+    base_name: str = "",
+) -> Any:
+    """Another run drawn in this run's frames.
+
+    The same model (its baseline or a steered copy) is projected as it is. Another
+    model (another name or width) is first rotated onto this run's states, layer
+    by layer, by an orthogonal Procrustes fit over the prompts both runs share
+    (``scipy.linalg.orthogonal_procrustes``; the narrower states are padded with
+    zeros, the wider truncated after the rotation). Runs of different depth are
+    matched by relative depth.
+    """
+    from scipy.linalg import orthogonal_procrustes
+
+    from tokenfield.report.interactive import MAX_PARTICLES, PathSet, _evenly, hover_lines
+
+    ds = open_run(other)
+    if "system" in ds["states"].dims:
+        ds = ds.isel(system=0)
+    selected = select_particles(ds, "last")
+    selected = selected.isel(particle=_evenly(selected.sizes["particle"], MAX_PARTICLES)).load()
+    n_base, n_other = base_states.shape[0], selected.sizes["time"]
+    # the other run's time for each of this run's times (relative depth when they differ)
+    if n_other == n_base or n_base < 2:
+        index = np.minimum(np.arange(n_base), n_other - 1)
+    else:
+        index = np.floor(np.arange(n_base) * (n_other - 1) / (n_base - 1) + 0.5).astype(int)
+    selected = selected.isel(time=index)
+    states = _states_of(selected)
+    d_base, d_other = base_states.shape[-1], states.shape[-1]
+    align = d_other != d_base or _model_name(ds) != _model_name(base)
+    notes = []
+    rotations: dict[str, list[np.ndarray]] = {}
+    if align:
+        if "prompt" not in selected.coords or "prompt" not in base.coords:
+            raise UserError(
+                f"overlay '{other}' is another model and has no prompts to align it by",
+                "overlay a trace of the same prompts",
+            )
+        base_prompts = {str(p): i for i, p in enumerate(base["prompt"].values)}
+        pairs = [
+            (i, base_prompts[str(p)])
+            for i, p in enumerate(selected["prompt"].values)
+            if str(p) in base_prompts
+        ]
+        if len(pairs) < 2:
+            raise UserError(
+                f"overlay '{other}' shares {len(pairs)} prompt(s) with '{base_name}'; "
+                "aligning another model needs the same prompts",
+                "trace both models with the same --prompts",
+            )
+        mine, theirs = (np.array(v) for v in zip(*pairs, strict=True))
+        width = max(d_base, d_other)
+        for key, frame in frames.items():
+            rotations[key] = []
+            for t in range(n_base):
+                a = _padded(_unit_if(states[t, mine], frame.sphere), width)
+                b = _padded(_unit_if(base_states[t, theirs], frame.sphere), width)
+                rotation, _ = orthogonal_procrustes(a, b)
+                rotations[key].append(rotation)
+        notes.append(
+            f"another model: rotated onto {base_name} layer by layer (orthogonal Procrustes "
+            f"over {len(pairs)} shared prompts)"
+        )
+    if n_other != n_base:
+        notes.append(f"{n_other} {time_name}s matched to {n_base} by relative depth")
+
+    def transform(x: np.ndarray) -> dict[str, np.ndarray]:
+        out = {}
+        for key, frame in frames.items():
+            if align:
+                width = rotations[key][0].shape[0]
+                x_key = _unit_if(x, frame.sphere)
+                x_key = np.stack(
+                    [
+                        (_padded(x_key[t], width) @ rotations[key][t])[:, :d_base]
+                        for t in range(n_base)
+                    ]
+                )
+            else:
+                x_key = x
+            out[key] = _project3(x_key, frame)
+        return out
+
+    own_times = [_time_label(t) for t in np.asarray(selected["time"].values).tolist()]
+    top, prob = _lens(selected)
+    result = PathSet(
+        name=label,
+        xyz=transform(states),
+        categories=[str(c) for c in selected["category"].values]
+        if "category" in selected.coords
+        else ["particles"] * selected.sizes["particle"],
+        labels=display_labels(selected),
+        prompts=[str(p) for p in selected["prompt"].values]
+        if "prompt" in selected.coords
+        else [""] * selected.sizes["particle"],
+        text=hover_lines(
+            _tokens(selected),
+            own_times,
+            np.linalg.norm(states, axis=-1),
+            top,
+            prob,
+            time_name=time_name,
+        ),
+        note="; ".join(notes),
+    )
+    if "prompt_index" in selected.coords:
+        result.generated = _generated_paths(ds, selected, transform, index, time_name)
+    return result
+
+
+def _unit_if(x: np.ndarray, sphere: bool) -> np.ndarray:
+    if not sphere:
+        return x
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+def _padded(x: np.ndarray, width: int) -> np.ndarray:
+    """Zero-pad the feature (last) axis to ``width``."""
+    if x.shape[-1] == width:
+        return x
+    pad = np.zeros((*x.shape[:-1], width - x.shape[-1]))
+    return np.concatenate([x, pad], axis=-1)
+
+
 def _with_theory_figures(fragment: str, directory: Path) -> str:
     images = {k: v for k, v in _read_images(directory).items() if k.startswith(THEORY_PREFIX)}
     if not images:
@@ -247,6 +608,18 @@ def _with_theory_figures(fragment: str, directory: Path) -> str:
     figures = "<h3>Figures</h3>" + _figures(images)
     end = fragment.rfind("</section>")
     return fragment[:end] + figures + fragment[end:] if end >= 0 else fragment + figures
+
+
+def parse_overlay(spec: str | Path | tuple[str | Path, str]) -> tuple[Path, str]:
+    """``RUN`` or ``RUN:LABEL`` (a path that exists is taken whole) -> (path, label)."""
+    if isinstance(spec, tuple):
+        path, label = Path(spec[0]), str(spec[1])
+        return path, label or path.name
+    text = str(spec)
+    if not Path(text).exists() and ":" in text:
+        head, label = text.rsplit(":", 1)
+        return Path(head), label or Path(head).name
+    return Path(text), Path(text).name or text
 
 
 def unanalysed_runs(run_paths: Sequence[str | Path]) -> list[Path]:
