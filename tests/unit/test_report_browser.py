@@ -291,7 +291,7 @@ def test_the_3d_toggle_draws_scatter3d_and_its_slider_moves_the_paths(browser, r
     page.wait_for_function(f"{PLOT}.data.length && {PLOT}.data[0].type === 'scatter3d'")
     page.wait_for_selector("#trajectories-0 .gl-container canvas", timeout=10_000)
     assert page.evaluate(f"{PLOT}.data.every(t => t.type === 'scatter3d')")
-    assert page.evaluate(f"{PLOT}.data[0].x.length") == 12
+    assert page.evaluate(f"{PLOT}.data[0].x.length") == 11  # layers 0..L-1 (seed convention)
     # the slider's first step: every path back to its first point (the 3-D frames work)
     page.evaluate(
         f"Plotly.animate({PLOT}, ['t0'], {{mode: 'immediate', frame: {{duration: 0, redraw: true}}}})"
@@ -360,15 +360,15 @@ def test_generated_tokens_continue_from_the_prompts_last_point(browser, rich_rep
     page.wait_for_function(f"{PLOT}.data[0].x.length === 5", timeout=5_000)
     assert page.evaluate(f"{PLOT}.data[{first}].x[0]") == full[4]
     assert "layer 4" in page.evaluate(f"{PLOT}.data[{first}].text[1]")
-    page.evaluate(f"Plotly.animate({PLOT}, ['t11'], {{mode: 'immediate', frame: {{duration: 0}}}})")
-    page.wait_for_function(f"{PLOT}.data[0].x.length === 12", timeout=5_000)
+    page.evaluate(f"Plotly.animate({PLOT}, ['t10'], {{mode: 'immediate', frame: {{duration: 0}}}})")
+    page.wait_for_function(f"{PLOT}.data[0].x.length === 11", timeout=5_000)
     _only_the_run(page)
     trace, point = next(p for p in _isolated_points(page, "gen") if p[1] > 0)
     owner = 0 if trace == gens[0][0] else 1  # point 0 is the prompt's own last token
     text = _hover_point(page, trace, point)
     assert "generated" in text and f"'gen{owner}_{point - 1}'" in text
     # the lens of that token, at the shown layer (the last)
-    assert f"'w{15 + N_GEN * owner + point - 1}_11_0'" in text
+    assert f"'w{15 + N_GEN * owner + point - 1}_10_0'" in text
     assert problems == []
 
 

@@ -88,16 +88,16 @@ def test_runs_of_different_depth_are_matched_by_relative_depth(base, tmp_path):
     rotation = np.linalg.qr(rng.normal(size=(24, 24)))[0]
     shallow = write_run(
         tmp_path / "shallow", trace_dataset(states[::2] @ rotation, labels, model="shallow")
-    )  # layers 0, 2, 4, 6, 8 of the run
+    )  # layers 0, 2, 4, 6 of the run (and 8, left out by the seed convention)
     data = payloads(write_report([run], tmp_path / "r.html", overlays=[shallow]))
     view = data["trajectories-0"]["views"]["2d-raw"]
     mine, theirs = paths_of(view, None), paths_of(view, "overlay-1")
     scale = max(np.abs(p).max() for p in mine)
     for a, b in zip(mine, theirs, strict=True):
-        assert len(b) == 9  # on the run's slider
+        assert len(b) == 8  # on the run's slider: layers 0..L-1 (seed convention)
         assert np.abs(a[::2] - b[::2]).max() < 2e-3 * scale  # even layers: the same states
     hover = data["trajectories-0"]["H"][15]  # the overlay's first prompt, its own layers
-    assert [h.split(" · ")[1] for h in hover] == [f"layer {t}" for t in (0, 1, 1, 2, 2, 3, 3, 4, 4)]
+    assert [h.split(" · ")[1] for h in hover] == [f"layer {t}" for t in (0, 0, 1, 1, 2, 2, 3, 3)]
 
 
 def test_plotly_js_is_inlined_once_and_the_data_grows_linearly_with_depth(tmp_path):

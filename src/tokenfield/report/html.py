@@ -408,6 +408,8 @@ def _interactive(
 
     if "system" in ds["states"].dims:
         ds = ds.isel(system=0)
+    # the layers the analysis used (by default the seed's 0..L-1), for paths and overlays alike
+    ds = select_times(ds, times_option)
     selected = select_particles(ds, "last")
     selected = selected.isel(particle=_evenly(selected.sizes["particle"], MAX_PARTICLES)).load()
     frames = _frames(selected, frame, trace=trace, times_option=times_option)
@@ -447,7 +449,16 @@ def _interactive(
         else {}
     )
     others = [
-        _overlay_set(selected, states, frames, other, label, time_name=time_name, base_name=name)
+        _overlay_set(
+            selected,
+            states,
+            frames,
+            other,
+            label,
+            time_name=time_name,
+            base_name=name,
+            times_option=times_option,
+        )
         for other, label in overlays
     ]
     payload = trajectory_views(
@@ -477,8 +488,9 @@ def _overlay_set(
     *,
     time_name: str,
     base_name: str = "",
+    times_option: str = "seed",
 ) -> Any:
-    """Another run drawn in this run's frames.
+    """Another run drawn in this run's frames (over the same time convention).
 
     The same model (its baseline or a steered copy) is projected as it is. Another
     model (another name or width) is first rotated onto this run's states, layer
@@ -494,6 +506,8 @@ def _overlay_set(
     ds = open_run(other)
     if "system" in ds["states"].dims:
         ds = ds.isel(system=0)
+    # the layers the analysis used (by default the seed's 0..L-1), for paths and overlays alike
+    ds = select_times(ds, times_option)
     selected = select_particles(ds, "last")
     selected = selected.isel(particle=_evenly(selected.sizes["particle"], MAX_PARTICLES)).load()
     n_base, n_other = base_states.shape[0], selected.sizes["time"]
