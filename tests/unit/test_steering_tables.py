@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("steering_tables", ROOT / "scripts" / "steering_tables.py")
+    spec = importlib.util.spec_from_file_location(
+        "steering_tables", ROOT / "scripts" / "steering_tables.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
