@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -88,12 +90,33 @@ def test_vector_from_a_run_and_round_trip(tmp_path):
     again = SteeringVector.load(path)
     np.testing.assert_array_equal(again.vector, vec.vector)
     assert again.layer == 2 and again.provenance["from"] == "A"
-    control = random_control(vec, seed=1)
-    assert abs(control.norm - vec.norm) < 1e-4 and abs(control.vector @ vec.vector) < vec.norm**2
     with pytest.raises(tf.UserError, match="unknown category 'C'.*A, B"):
         steering_vector(ds, source="C", target="B", layer=1)
     with pytest.raises(tf.UserError, match="layer 9 is out of range.*0 \\(embedding\\) to 3"):
         steering_vector(ds, source="A", target="B", layer=9)
+
+
+def test_random_control_same_norm_seeded_distinct_and_near_orthogonal():
+    """The control is a random direction: the vector's norm and layer, reproducible for a
+    seed, different for different seeds, and (in high dimension) nearly orthogonal to the
+    vector. A control that is the vector, its negative, or the vector plus small noise
+    fails the last check (|cos| is then about 1, not about 1/sqrt(d))."""
+    d = 4096
+    # a fixed, non-random vector (one drawn from default_rng(s) would coincide with control s)
+    vec = SteeringVector(np.sin(np.arange(d) * 0.37) + 0.2, 5, {"from": "a", "to": "b"})
+    unit = vec.vector / vec.norm
+    directions = []
+    for seed in range(20):
+        control = random_control(vec, seed)
+        assert control.layer == vec.layer and control.d == d
+        assert control.norm == pytest.approx(vec.norm, rel=1e-5)
+        np.testing.assert_array_equal(control.vector, random_control(vec, seed).vector)
+        cos = float(control.vector @ unit) / control.norm
+        assert abs(cos) < 5 / np.sqrt(d), (seed, cos)  # ~5 standard deviations of a random cos
+        directions.append(control.vector / control.norm)
+    gram = np.abs(np.stack(directions) @ np.stack(directions).T)
+    np.fill_diagonal(gram, 0.0)
+    assert gram.max() < 5 / np.sqrt(d)  # distinct seeds give distinct (near-orthogonal) directions
 
 
 def test_vector_from_another_model_is_refused():
@@ -197,29 +220,84 @@ def test_prefill_states_equal_a_trace_under_steering():
     assert len(texts) == len(PROMPTS)
 
 
+def test_shared_prefix_answers_equal_hf_generate_and_states_equal_a_trace():
+    """The evaluation's decoder (shared few-shot prefix, per-row steering of many
+    conditions in one batch, early stop) gives the same answers as Hugging Face's
+    greedy generate under the steering hook, and the same states as a trace."""
+    from tokenfield.steering.generate import Condition, answer_conditions, greedy_continuations
+    from tokenfield.steering.problems import answer_finished, few_shot, make_splits, parse_answer
+
+    splits = make_splits({"shot": 1, "test": 7}, 0, max_operand=5, templates=("add", "sub"))
+    prompts = [few_shot(splits["shot"], p, "word") for p in splits["test"]]
+    for kind in ("llama", "gemma3"):
+        model = tiny_loaded(kind)
+        v2, v0 = vector_for(model, 2, seed=1), vector_for(model, 0, seed=2)
+        conditions = [Condition("plain", record=True), Condition("v2", v2, 2.0, record=True),
+                      Condition("v0", v0, 1.0)]  # fmt: skip
+        got = answer_conditions(model, prompts, conditions, max_new_tokens=6, batch_size=7)
+        for condition in conditions:
+            context = (
+                steering(model, condition.vector, condition.alpha, check=False)
+                if condition.vector is not None
+                else contextlib.nullcontext()
+            )
+            with context:
+                reference = greedy_continuations(model, prompts, max_new_tokens=6, batch_size=3)
+                traced = tf.trace(model, prompts, batch_size=3)
+            for mine, full in zip(got[condition.name]["texts"], reference, strict=True):
+                assert full.startswith(mine), (kind, condition.name, mine, full)
+                assert mine == full or answer_finished(mine)  # stopped early only when done
+                assert parse_answer(mine) == parse_answer(full)
+            if condition.record:
+                np.testing.assert_allclose(
+                    got[condition.name]["states"], traced.states.values, rtol=1e-4, atol=1e-5
+                )
+        assert got["plain"]["texts"] != got["v2"]["texts"]  # steering changed something
+        assert sum(len(t) for c in got.values() for t in c["texts"]) > 0
+
+
 def test_eval_steering_cli_on_a_tiny_model(tiny_run, tmp_path, capsys):
     import json
 
     out = tmp_path / "eval"
     code, captured = cli(
         ["eval-steering", "--model", str(tiny_run / "tiny-llama"), "--n", "6", "--fit", "4",
-         "--shots", "1", "--layers", "1,2", "--alphas", "0,1", "--max-new-tokens", "2",
-         "--out", str(out)],
+         "--validation", "5", "--shots", "1", "--layers", "1,2", "--alphas", "0,1",
+         "--controls", "3", "--max-new-tokens", "2", "--max-operand", "6",
+         "--templates", "add,sub", "--out", str(out)],
         capsys,
     )  # fmt: skip
     assert code == 0, captured.err
     result = json.loads((out / "eval.json").read_text())
-    rows = result["rows"]
-    assert [r["condition"] for r in rows[:2]] == ["word", "math"]
-    assert len(rows) == 2 + 2 * 2 * 2  # word, math + (steered, control) x layers x alphas
-    for r in rows:
+    for key in ("problems", "selected", "baselines", "controls", "steered", "mcnemar_p",
+                "verdict", "verdict_reasons", "config", "rows", "examples", "label_shuffle",
+                "validation", "timings"):  # fmt: skip
+        assert key in result, key
+    splits = [p["split"] for p in result["problems"]]
+    assert [splits.count(s) for s in ("shot", "fit", "validation", "test")] == [1, 4, 5, 6]
+    grid = result["validation"]["grid"]
+    assert [(r["layer"], r["alpha"]) for r in grid] == [(1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)]
+    best = max(r["accuracy"] for r in grid)
+    chosen = next(r for r in grid if r["accuracy"] == best)  # first best, on validation
+    assert (result["selected"]["layer"], result["selected"]["alpha"]) == (
+        chosen["layer"], chosen["alpha"],
+    )  # fmt: skip
+    assert len(result["controls"]) == 3
+    assert result["verdict"] in ("supports", "does not support")
+    for r in [*result["rows"], result["steered"]]:
         assert 0.0 <= r["ci95"][0] <= r["accuracy"] <= r["ci95"][1] <= 1.0
-    zero = [r for r in rows if r.get("alpha") == 0.0]
+    zero = [r for r in grid if r["alpha"] == 0.0]
     assert all(abs(r["progress_final"]) < 1e-6 for r in zero)  # alpha 0 moves nothing
-    steered = [r for r in rows if r["condition"] == "steered" and r["alpha"] == 1.0]
+    steered = [r for r in grid if r["alpha"] == 1.0]
     assert all(r["progress_at_layer"] > 0 for r in steered)  # toward the math centroid
     assert (out / "figures" / "accuracy_vs_alpha.png").is_file()
+    assert (out / "figures" / "test_summary.png").is_file()
+    assert "verdict:" in captured.out
     code, captured = cli(["eval-steering", "--model", str(tiny_run / "tiny-llama"),
                           "--layers", "9", "--out", str(tmp_path / "bad")], capsys)  # fmt: skip
     assert code == 2 and "layer 9 is out of range" in captured.err
+    assert not (tmp_path / "bad").exists()
+    code, captured = cli(["eval-steering", "--model", str(tiny_run / "tiny-llama"),
+                          "--max-operand", "3", "--out", str(tmp_path / "bad")], capsys)  # fmt: skip
+    assert code == 2 and "distinct math forms" in captured.err
     assert not (tmp_path / "bad").exists()

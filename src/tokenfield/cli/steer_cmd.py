@@ -211,41 +211,76 @@ def steer_command(
 
 @app.command(
     "eval-steering",
-    epilog="Example: tokenfield eval-steering --model smollm2 --n 100 --layers 8,15,22 --alphas 0.5,1,2 --out runs/eval",
+    epilog=(
+        "Example: tokenfield eval-steering --model smollm2 --out runs/eval-smollm2  "
+        "(defaults: 300 test, 100 validation, 64 fit problems, 3 layers x 3 alphas, "
+        "32 random controls)"
+    ),
 )
 def eval_steering_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for eval.json and figures.")],
     model: Annotated[str, typer.Option("--model", "-m", help="A causal model.")] = "smollm2",
-    n: Annotated[int, typer.Option("--n", help="Test problems.")] = 100,
+    n: Annotated[int, typer.Option("--n", help="Test problems (the only ones reported).")] = 300,
+    validation: Annotated[
+        int, typer.Option("--validation", help="Problems that select the layer and alpha.")
+    ] = 100,
     fit: Annotated[
         int, typer.Option("--fit", help="Problems used only to build the vectors.")
-    ] = 32,
+    ] = 64,
     shots: Annotated[
         int, typer.Option("--shots", help="Solved examples before each question.")
-    ] = 3,
+    ] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the problem set.")] = 0,
     max_operand: Annotated[
         int, typer.Option("--max-operand", help="Largest operand (difficulty).")
-    ] = 9,
-    templates: Annotated[str, typer.Option(help="Any of add,sub,mul,mul_add.")] = "add,sub",
+    ] = 20,
+    templates: Annotated[
+        str, typer.Option(help="Any of add,sub,mul,mul_add.")
+    ] = "add,sub,mul,mul_add",
     layers: Annotated[
         str | None, typer.Option(help="Comma-separated layers (default: 1/4, 1/2, 3/4 depth).")
     ] = None,
     alphas: Annotated[
         str, typer.Option(help="Comma-separated multiples of the vector.")
     ] = "0.5,1,2",
+    controls: Annotated[
+        int,
+        typer.Option("--controls", help="Random directions of the vector's norm (one seed each)."),
+    ] = 32,
+    control_seed: Annotated[
+        int, typer.Option("--control-seed", help="Seed of the first control (then +1, +2, ...).")
+    ] = 0,
+    shuffle_seed: Annotated[
+        int, typer.Option("--shuffle-seed", help="Seed of the label-shuffle control.")
+    ] = 0,
     positions: Annotated[str, typer.Option(help="'last' or 'all'.")] = "last",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 5,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", help="Longest continuation (tokens).")
+    ] = 5,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="Rows (prompt x condition) per forward pass.")
+    ] = 256,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype",
+            help="Weights and activations: float32 (default) or bfloat16 (about twice as "
+            "fast on CPUs with bf16 support; answers can differ slightly).",
+        ),
+    ] = "float32",
     overwrite: Annotated[bool, typer.Option("--overwrite")] = False,
 ) -> None:
     """Does steering word problems toward the math region make the model solve them better?
 
-    Greedy accuracy (95 % Wilson interval) on generated arithmetic word problems,
-    their pure-math forms, and the word forms steered toward the math region over
-    a layer x alpha grid, with a random direction of the same norm as control.
+    Splits generated problems into shot/fit/validation/test (no math form shared),
+    builds word->math vectors on the fit split, picks the (layer, alpha) with the best
+    validation accuracy, and on the test split compares that one condition with the
+    unsteered word form (exact McNemar test), trivial baselines (best constant, copy an
+    operand, the last example's answer), the math form, --controls random directions
+    and a label-shuffle control. Writes eval.json (with the verdict and its reasons)
+    and figures; see docs/steering.md for the rule.
     """
     from rich.console import Console
-    from rich.table import Table
 
     from tokenfield.models.load import load_model
     from tokenfield.runs import write_json_atomic
@@ -254,14 +289,23 @@ def eval_steering_command(
     alpha_list = _floats(alphas, "--alphas")
     layer_list = _ints(layers, "--layers") if layers else None
     template_list = [t.strip() for t in templates.split(",") if t.strip()]
-    from tokenfield.steering.problems import make_problems
+    from tokenfield.steering.problems import make_splits
 
-    make_problems(1, templates=template_list)  # validates the names before any loading
+    # validates templates, sizes and the number of distinct forms before any loading
+    make_splits({"shot": shots, "fit": fit, "validation": validation, "test": n}, seed,
+                max_operand=max_operand, templates=template_list)  # fmt: skip
     if positions not in ("last", "all"):
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
+    for flag, value, least in (("--controls", controls, 1), ("--batch-size", batch_size, 1),
+                               ("--max-new-tokens", max_new_tokens, 1), ("--n", n, 1),
+                               ("--validation", validation, 1), ("--fit", fit, 2)):  # fmt: skip
+        if value < least:
+            raise UserError(f"{flag} must be at least {least}, got {value}", f"raise {flag}")
+    if dtype not in ("float32", "bfloat16"):
+        raise UserError(f"unknown --dtype '{dtype}'", "use float32 or bfloat16")
     console = Console(stderr=True)
     with console.status(f"loading {model}"):
-        loaded = load_model(model)
+        loaded = load_model(model, dtype=dtype)
     from tokenfield.steering.generate import _require_causal
 
     _require_causal(loaded)  # an encoder fails here, before --out is created
@@ -272,23 +316,44 @@ def eval_steering_command(
             check_layer(layer, loaded.n_layers)
     out = _prepare_out(out, overwrite, "eval.json")
     result = evaluate_steering(
-        loaded, n=n, fit=fit, shots=shots, seed=seed, max_operand=max_operand, templates=template_list,
-        layers=layer_list, alphas=alpha_list, positions=positions, max_new_tokens=max_new_tokens, progress=True,
+        loaded, n=n, validation=validation, fit=fit, shots=shots, seed=seed,
+        max_operand=max_operand, templates=template_list, layers=layer_list, alphas=alpha_list,
+        controls=controls, control_seed=control_seed, shuffle_seed=shuffle_seed,
+        positions=positions, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=True,
     )  # fmt: skip
     write_json_atomic(out / "eval.json", result)
-    from tokenfield.viz.steering import plot_accuracy, save
+    from tokenfield.viz.steering import plot_accuracy, plot_test_summary, save
 
     (out / "figures").mkdir(exist_ok=True)
     save(plot_accuracy(result), out / "figures" / "accuracy_vs_alpha")
-    table = Table(title=f"word problems, {model}, n={n}")
-    for col in ("condition", "layer", "alpha", "accuracy", "95% CI", "progress@final"):
-        table.add_column(col)
-    for r in result["rows"]:
-        table.add_row(
-            r["condition"], "" if r["layer"] is None else str(r["layer"]),
-            "" if r["alpha"] is None else f"{r['alpha']:g}", f"{r['accuracy']:.2f}",
-            f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]",
-            f"{r['progress_final']:.2f}" if "progress_final" in r else "",
-        )  # fmt: skip
-    Console().print(table)
-    console.print(f"wrote {out / 'eval.json'}")
+    save(plot_test_summary(result), out / "figures" / "test_summary")
+    Console(soft_wrap=True).print(summary_text(result), markup=False, highlight=False)
+    console.print(f"wrote {out / 'eval.json'} and {out / 'figures'}")
+
+
+def summary_text(result: dict) -> str:
+    """The evaluation in words: the selected condition, the test table, the verdict."""
+    sel, steered, cs = result["selected"], result["steered"], result["control_summary"]
+    name = result["config"]["model"].get("name", "model")
+    lines = [
+        f"{name}: selected on validation: layer {sel['layer']}, alpha {sel['alpha']:g} "
+        f"(validation accuracy {sel['validation_accuracy']:.3f})",
+        f"test (n = {steered['n']}):",
+        f"  steered            {steered['accuracy']:.3f}  "
+        f"95% CI [{steered['ci95'][0]:.3f}, {steered['ci95'][1]:.3f}]",
+    ]
+    for key, value in result["baselines"].items():
+        lines.append(f"  {key:<18} {value:.3f}")
+    lines += [
+        f"  label shuffle      {result['label_shuffle']['accuracy']:.3f}",
+        f"  {cs['k']} random controls: median {cs['median']:.3f}, 95th percentile "
+        f"{cs['p95']:.3f}, max {cs['max']:.3f}; steered ranks {cs['rank']} of {cs['k'] + 1}",
+        f"  McNemar (steered vs unsteered word form): {result['mcnemar']['b']} items fixed, "
+        f"{result['mcnemar']['c']} broken, exact p = {result['mcnemar_p']:.3g}",
+    ]
+    if result["verdict"] == "supports":
+        lines.append("verdict: the evaluation SUPPORTS the claim that steering helps.")
+    else:
+        lines.append("verdict: the claim that steering helps is NOT SUPPORTED, because:")
+        lines += [f"  - {reason}" for reason in result["verdict_reasons"]]
+    return "\n".join(lines)

@@ -7,16 +7,25 @@ so a prompt gives the same result alone or in a batch, steered or not.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from tokenfield.errors import UserError
 from tokenfield.models.trace import _forward, _pad_batch, encode_prompts
 from tokenfield.prompts import as_prompts
 
-__all__ = ["greedy_continuations", "next_token_logprobs"]
+__all__ = [
+    "greedy_continuations",
+    "next_token_logprobs",
+    "answer_conditions",
+    "Condition",
+    "count_answers",
+]
 
 
 def _require_causal(model: Any) -> None:
@@ -124,3 +133,334 @@ def greedy_continuations(
             new = out[:, inputs["input_ids"].shape[1] :]
             texts.extend(tokenizer.decode(row, skip_special_tokens=True) for row in new)
     return texts
+
+
+def _eos_ids(model: Any) -> set[int]:
+    """Every token id that ends generation (the tokenizer's and the generation config's)."""
+    ids: set[int] = set()
+    config = getattr(model.model, "generation_config", None)
+    for value in (model.tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One way of answering: unsteered (``vector=None``) or steered by ``alpha * vector``.
+
+    Attributes:
+        name: the key of the result.
+        vector: the steering vector (its ``layer`` says where), or ``None``.
+        alpha: the multiple of the vector to add.
+        record: keep the last prompt token's states at every time (for progress).
+    """
+
+    name: str
+    vector: Any = None
+    alpha: float = 0.0
+    record: bool = False
+
+
+@functools.lru_cache(maxsize=1)
+def _buffer_layer_class() -> type:
+    """A KV-cache layer that writes new keys and values in place into a buffer
+    allocated once (no copy of the whole cache at every decoding step), and that
+    can be rewound to a length for free. Built on first use (transformers is heavy)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+            super().__init__()
+            self.buf_keys, self.buf_values, self.length = keys, values, length
+            self.is_initialized = True
+            self.dtype, self.device = keys.dtype, keys.device
+            self._views()
+
+        def _views(self) -> None:
+            self.keys = self.buf_keys[:, :, : self.length]
+            self.values = self.buf_values[:, :, : self.length]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            n = key_states.shape[-2]
+            self.buf_keys[:, :, self.length : self.length + n] = key_states
+            self.buf_values[:, :, self.length : self.length + n] = value_states
+            self.length += n
+            self._views()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+    return BufferLayer
+
+
+def _buffer_cache(parts: list[tuple[torch.Tensor, torch.Tensor]], extra: int):
+    """A cache whose layer i holds ``parts[i]`` (keys, values) and room for ``extra`` more."""
+    from transformers import DynamicCache
+
+    layers = []
+    for keys, values in parts:
+        b, h, length, d = keys.shape
+        buf_k = keys.new_empty((b, h, length + extra, d))
+        buf_v = values.new_empty((b, h, length + extra, values.shape[-1]))
+        buf_k[:, :, :length] = keys
+        buf_v[:, :, :length] = values
+        layers.append(_buffer_layer_class()(buf_k, buf_v, length))
+    cache = DynamicCache()
+    cache.layers = layers
+    return cache
+
+
+def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+@contextlib.contextmanager
+def _row_steering(model: Any, deltas: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Add ``deltas[layer][row]`` to each row's last column at ``layer`` (time convention
+    of :mod:`~tokenfield.steering.hooks`); rows of other conditions get exact zeros."""
+    blocks = model.sites.blocks
+    handles = []
+    for layer, delta in deltas.items():
+
+        def shift(hidden: torch.Tensor, delta: torch.Tensor = delta) -> torch.Tensor:
+            shifted = hidden.clone()
+            shifted[:, -1, :] = shifted[:, -1, :] + delta.to(hidden.device, hidden.dtype)
+            return shifted
+
+        if layer == 0:
+
+            def pre_hook(_module, args, kwargs, shift=shift):
+                if args:
+                    return (shift(args[0]), *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": shift(kwargs["hidden_states"])}
+
+            handles.append(blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
+        else:
+
+            def hook(_module, _args, output, shift=shift):
+                if isinstance(output, torch.Tensor):
+                    return shift(output)
+                return (shift(output[0]), *output[1:])
+
+            handles.append(blocks[layer - 1].register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _common_prefix(token_lists: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common token prefix, leaving every list at least one token."""
+    shortest = min(len(t) for t in token_lists)
+    first = token_lists[0]
+    length = 0
+    while length < shortest - 1 and all(t[length] == first[length] for t in token_lists):
+        length += 1
+    return length
+
+
+def answer_conditions(
+    model: Any,
+    prompts: Sequence[str],
+    conditions: Sequence[Condition],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+    positions: str = "last",
+    bar: Any = None,
+) -> dict[str, dict[str, Any]]:
+    """Greedy continuations of every prompt under every condition, sharing the work.
+
+    With ``positions="last"`` steering only ever touches a prompt's last token and
+    the tokens generated after it, so everything before the last token is the same
+    under every condition. It is computed once into a KV cache:
+
+    - the longest token prefix all prompts share (the few-shot examples) once, for
+      the whole call;
+    - each prompt's own middle part once per batch of prompts (sorted by length, so
+      little padding; padding sits between the shared prefix and the middle part,
+      masked, with positions counted from the mask).
+
+    The cache is then replicated for a group of conditions and decoded in one batch
+    of ``batch_size`` rows (prompt x condition), each row with its own steering
+    vector added at its own layer. Decoding stops once every row is finished (a
+    newline, the end of its first integer, or an end-of-sequence token; see
+    :func:`~tokenfield.steering.problems.answer_finished`) or has
+    ``max_new_tokens`` tokens. ``positions="all"`` changes every position, so nothing
+    is shared: each condition runs its prompts from scratch.
+
+    Args:
+        bar: a :class:`~tokenfield._progress.ProgressBar`; advanced by the number of
+            (prompt, condition) answers as they are done.
+
+    Returns:
+        ``{condition.name: {"texts": [...], "states": (time, prompt, d) array or None}}``
+        in the order of ``prompts``; states (of the last prompt token, at every time)
+        are kept for conditions with ``record=True``.
+    """
+    from transformers import DynamicCache
+
+    from tokenfield.steering.hooks import steering
+    from tokenfield.steering.problems import answer_finished
+
+    _require_causal(model)
+    if positions not in ("last", "all"):
+        raise UserError(f"unknown steering positions '{positions}'", "use 'last' or 'all'")
+    names = [c.name for c in conditions]
+    if len(set(names)) != len(names):
+        raise ValueError(f"condition names must be distinct: {names}")
+    encoded = encode_prompts(model, as_prompts(prompts))
+    n, times, d = len(encoded), model.n_layers + 1, model.d_model
+    texts: dict[str, list[str]] = {c.name: [""] * n for c in conditions}
+    states: dict[str, Any] = {
+        c.name: (np.zeros((times, n, d), np.float32) if c.record else None) for c in conditions
+    }
+    if n == 0:
+        return {c.name: {"texts": [], "states": states[c.name]} for c in conditions}
+    tokenizer = model.tokenizer
+    stops = _eos_ids(model)
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.eos_token_id or 0
+    device = model.device
+
+    def cut(raw: list[int]) -> list[int]:
+        for i, t in enumerate(raw):
+            if t in stops:
+                return raw[:i]
+        return raw
+
+    def forward(ids, mask, position_ids, cache):
+        return model.model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=position_ids.to(device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+    def decode(cache, mask, chunk, position_ids, store) -> list[str]:
+        """Greedy decoding from ``chunk`` (the tokens not yet in ``cache``)."""
+        rows = chunk.shape[0]
+        step_ids, new = chunk, []
+        for step in range(max_new_tokens):
+            record = _prefill_last_states(model, store) if step == 0 and store is not None else None
+            with record or contextlib.nullcontext():
+                out = forward(step_ids, mask, position_ids, cache)
+            token = out.logits[:, -1].argmax(-1).cpu()
+            new.append(token)
+            raws = torch.stack(new, 1).tolist()
+            decoded = [tokenizer.decode(cut(r), skip_special_tokens=True) for r in raws]
+            if all(
+                answer_finished(text) or len(cut(raw)) < len(raw)
+                for text, raw in zip(decoded, raws, strict=True)
+            ):
+                break
+            step_ids = token[:, None]
+            mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], 1)
+            position_ids = position_ids[:, -1:] + 1
+        return decoded
+
+    def keep(condition: Condition, rows: list[int], out: list[str], store, select) -> None:
+        for row, text in zip(rows, out, strict=True):
+            texts[condition.name][row] = text
+        if store is not None and condition.record:
+            got = np.stack([torch.cat(parts).numpy() for parts in store])  # (time, rows, d)
+            states[condition.name][:, rows] = got[:, select]
+        if bar is not None:
+            bar.advance(len(rows))
+
+    with torch.inference_mode():
+        if positions == "all":  # nothing can be shared
+            order = sorted(range(n), key=lambda i: len(encoded[i].ids))
+            for condition in conditions:
+                for first in range(0, n, batch_size):
+                    rows = order[first : first + batch_size]
+                    padded = _pad_batch([encoded[i] for i in rows], model, "last")
+                    ids, mask = padded["inputs"]["input_ids"], padded["inputs"]["attention_mask"]
+                    store = [[] for _ in range(times)] if condition.record else None
+                    context = (
+                        steering(model, condition.vector, float(condition.alpha),
+                                 positions="all", check=False)
+                        if condition.vector is not None
+                        else contextlib.nullcontext()
+                    )  # fmt: skip
+                    with context:
+                        out = decode(
+                            DynamicCache(), mask, ids, (mask.cumsum(-1) - 1).clamp(min=0), store
+                        )
+                    keep(condition, rows, out, store, slice(None))
+            return {c.name: {"texts": texts[c.name], "states": states[c.name]} for c in conditions}
+
+        shared = _common_prefix([e.ids for e in encoded])
+        prefix_cache = DynamicCache()
+        if shared:
+            ids = torch.tensor([encoded[0].ids[:shared]])
+            forward(ids, torch.ones_like(ids), torch.arange(shared)[None], prefix_cache)
+        prefix = _kv(prefix_cache) if shared else None
+        order = sorted(range(n), key=lambda i: len(encoded[i].ids))
+        per_group = max(1, min(len(conditions), batch_size))
+        groups = [conditions[i : i + per_group] for i in range(0, len(conditions), per_group)]
+        items = max(1, batch_size // per_group)
+        for first in range(0, n, items):
+            rows = order[first : first + items]
+            b = len(rows)
+            middles = [encoded[i].ids[shared:-1] for i in rows]
+            width = max(len(m) for m in middles)
+            mid_ids = torch.full((b, width), pad_id, dtype=torch.long)
+            mid_mask = torch.zeros((b, width), dtype=torch.long)
+            for r, middle in enumerate(middles):
+                if middle:
+                    mid_ids[r, width - len(middle) :] = torch.tensor(middle)
+                    mid_mask[r, width - len(middle) :] = 1
+            mask = torch.cat([torch.ones((b, shared), dtype=torch.long), mid_mask], 1)
+            cache = DynamicCache()
+            if prefix is not None:
+                cache = _buffer_cache(
+                    [(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in prefix], width
+                )
+            if width:
+                positions_mid = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+                forward(mid_ids, mask, positions_mid, cache)
+            parts = _kv(cache) if (prefix is not None or width) else None
+            last_ids = torch.tensor([[encoded[i].ids[-1]] for i in rows])
+            for group in groups:
+                c = len(group)
+                big = (
+                    _buffer_cache(
+                        [(k.repeat(c, 1, 1, 1), v.repeat(c, 1, 1, 1)) for k, v in parts],
+                        max_new_tokens + 1,
+                    )
+                    if parts is not None
+                    else DynamicCache()
+                )
+                deltas: dict[int, torch.Tensor] = {}
+                for j, condition in enumerate(group):
+                    if condition.vector is None or condition.alpha == 0:
+                        continue
+                    layer = int(condition.vector.layer)
+                    if layer not in deltas:
+                        deltas[layer] = torch.zeros((c * b, d), dtype=torch.float32)
+                    vec = torch.from_numpy(np.asarray(condition.vector.vector, np.float32))
+                    deltas[layer][j * b : (j + 1) * b] = float(condition.alpha) * vec
+                recording = any(cond.record for cond in group)
+                store = [[] for _ in range(times)] if recording else None
+                full = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], 1).repeat(c, 1)
+                position_ids = full.sum(-1, keepdim=True) - 1
+                with _row_steering(model, deltas):
+                    out = decode(big, full, last_ids.repeat(c, 1), position_ids, store)
+                for j, condition in enumerate(group):
+                    keep(condition, rows, out[j * b : (j + 1) * b], store,
+                         slice(j * b, (j + 1) * b))  # fmt: skip
+    return {c.name: {"texts": texts[c.name], "states": states[c.name]} for c in conditions}
+
+
+def count_answers(n_prompts: int, n_conditions: int) -> int:
+    """How many (prompt, condition) answers :func:`answer_conditions` gives: its bar's total."""
+    return n_prompts * n_conditions

@@ -20,7 +20,19 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-__all__ = ["Problem", "make_problems", "parse_integer", "few_shot", "TEMPLATES", "FORMS"]
+__all__ = [
+    "Problem",
+    "make_problems",
+    "make_splits",
+    "form_capacity",
+    "parse_integer",
+    "parse_answer",
+    "answer_finished",
+    "few_shot",
+    "TEMPLATES",
+    "FORMS",
+    "SPLITS",
+]
 
 NAMES = (
     "John", "Mary", "Aisha", "Carlos", "Mei", "Tom", "Priya", "Lena", "Omar", "Sofia",
@@ -31,6 +43,7 @@ ITEMS = (
     "flowers", "shells",
 )  # fmt: skip
 FORMS = ("word", "math")
+SPLITS = ("shot", "fit", "validation", "test")
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,11 @@ class Problem:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+    @property
+    def operands(self) -> list[int]:
+        """The numbers of the math form, left to right (``"7 * 3 + 2"`` -> ``[7, 3, 2]``)."""
+        return [int(t) for t in re.findall(r"\d+", self.expression)]
 
     def prompt(self, form: str) -> str:
         """The question alone, in ``form`` (``"word"`` or ``"math"``)."""
@@ -86,10 +104,24 @@ def _mul_add(rng: random.Random, top: int) -> Problem:
 TEMPLATES = {"add": _add, "sub": _sub, "mul": _mul, "mul_add": _mul_add}
 
 
+def _check_templates(templates: Sequence[str]) -> None:
+    unknown = [t for t in templates if t not in TEMPLATES]
+    if unknown or not templates:
+        from tokenfield.errors import UserError
+
+        raise UserError(
+            f"unknown problem template(s): {', '.join(unknown) or '(none given)'}",
+            f"use any of: {', '.join(TEMPLATES)}",
+        )
+
+
 def make_problems(
     n: int, seed: int = 0, *, max_operand: int = 9, templates: Sequence[str] = ("add", "sub")
 ) -> list[Problem]:
     """``n`` problems cycling through ``templates``, deterministic for a seed.
+
+    Math forms may repeat here; :func:`make_splits` is the generator with
+    disjoint, duplicate-free splits that the evaluation uses.
 
     Args:
         n: how many.
@@ -97,16 +129,75 @@ def make_problems(
         max_operand: the largest operand (difficulty).
         templates: any of ``add``, ``sub``, ``mul``, ``mul_add``.
     """
-    unknown = [t for t in templates if t not in TEMPLATES]
-    if unknown:
-        from tokenfield.errors import UserError
-
-        raise UserError(
-            f"unknown problem template(s): {', '.join(unknown)}",
-            f"use any of: {', '.join(TEMPLATES)}",
-        )
+    _check_templates(templates)
     rng = random.Random(seed)
     return [TEMPLATES[templates[i % len(templates)]](rng, max_operand) for i in range(n)]
+
+
+def form_capacity(template: str, max_operand: int) -> int:
+    """How many distinct math forms ``template`` can produce with operands up to ``max_operand``."""
+    top = max_operand
+    return {
+        "add": top * top,
+        "sub": (2 * top - 1) * (2 * top) // 2,
+        "mul": max(0, top - 1) ** 2,
+        "mul_add": max(0, top - 1) ** 2 * top,
+    }[template]
+
+
+def make_splits(
+    sizes: dict[str, int],
+    seed: int = 0,
+    *,
+    max_operand: int = 20,
+    templates: Sequence[str] = ("add", "sub", "mul", "mul_add"),
+) -> dict[str, list[Problem]]:
+    """Disjoint problem splits with every math form used at most once overall.
+
+    The splits are drawn in the order of ``sizes`` (normally :data:`SPLITS`:
+    ``shot``, ``fit``, ``validation``, ``test``); each cycles through
+    ``templates``. A drawn problem whose math form (``"7 + 5"``) was already
+    drawn, in any split, is rejected and redrawn, so no math form repeats within
+    a split and no test item shares its math form (and hence its answer in that
+    form) with a few-shot example, a fit item or a validation item.
+
+    Raises:
+        UserError: an unknown template, a negative size, or more problems of a
+            template than it has distinct math forms at this ``max_operand``.
+    """
+    from tokenfield.errors import UserError
+
+    _check_templates(templates)
+    if max_operand < 2:
+        raise UserError(f"--max-operand must be at least 2, got {max_operand}", "raise it")
+    if any(size < 0 for size in sizes.values()):
+        raise UserError("split sizes must not be negative", "check --n, --fit, --validation")
+    need = {t: 0 for t in templates}
+    for size in sizes.values():
+        for i in range(size):
+            need[templates[i % len(templates)]] += 1
+    for template, count in need.items():
+        room = form_capacity(template, max_operand)
+        if count > room:
+            raise UserError(
+                f"{count} '{template}' problems are needed but only {room} distinct math "
+                f"forms exist with operands up to {max_operand}",
+                "raise --max-operand, add templates, or lower --n / --fit / --validation",
+            )
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    splits: dict[str, list[Problem]] = {}
+    for name, size in sizes.items():
+        drawn: list[Problem] = []
+        for i in range(size):
+            template = templates[i % len(templates)]
+            problem = TEMPLATES[template](rng, max_operand)
+            while problem.expression in seen:  # capacity was checked: an unused form exists
+                problem = TEMPLATES[template](rng, max_operand)
+            seen.add(problem.expression)
+            drawn.append(problem)
+        splits[name] = drawn
+    return splits
 
 
 def few_shot(shots: Sequence[Problem], problem: Problem, form: str) -> str:
@@ -121,3 +212,21 @@ def parse_integer(text: str) -> int | None:
     """The first integer in a model's continuation (``None`` if there is none)."""
     match = _INTEGER.search(text)
     return int(match.group()) if match else None
+
+
+def parse_answer(text: str) -> int | None:
+    """The evaluation's reading of a continuation: the first integer on its first line.
+
+    ``" 12\\n\\nQuestion: ..."`` -> 12; ``" The answer\\n7"`` -> ``None`` (a model that
+    does not answer on the line it was asked on has not answered).
+    """
+    return parse_integer(text.split("\n", 1)[0])
+
+
+def answer_finished(text: str) -> bool:
+    """Whether more tokens can no longer change :func:`parse_answer` of ``text``:
+    a newline, or an integer followed by something that is not a digit."""
+    return "\n" in text or _FINISHED.search(text) is not None
+
+
+_FINISHED = re.compile(r"\d[^\d]")

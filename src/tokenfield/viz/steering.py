@@ -49,11 +49,43 @@ def plot_accuracy(result: dict[str, Any], ax: Any = None) -> Any:
                 label=f"layer {layer} {'toward math' if condition == 'steered' else 'random control'}",
             )  # fmt: skip
     ax.set_xlabel("alpha (multiples of the word->math mean difference)")
-    ax.set_ylabel("accuracy on word problems")
+    split = "validation " if rows and rows[0].get("split") == "validation" else ""
+    ax.set_ylabel(f"{split}accuracy on word problems")
     model = result.get("config", {}).get("model", {}).get("name", "")
     ax.set_title(f"Steering word problems toward the math region ({model})")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=7, loc="best")
+    return ax
+
+
+def plot_test_summary(result: dict[str, Any], ax: Any = None) -> Any:
+    """The test split: baselines and the selected steered condition as bars (95 %
+    Wilson interval on the steered one), the label-shuffle control, and every
+    random-direction control as a dot."""
+    plt = _plt()
+    if ax is None:
+        _fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = list(result["baselines"]) + ["label_shuffle", "steered"]
+    values = [result["baselines"][k] for k in result["baselines"]]
+    values += [result["label_shuffle"]["accuracy"], result["steered"]["accuracy"]]
+    colours = ["0.6"] * len(result["baselines"]) + ["tab:purple", "tab:red"]
+    xs = list(range(len(names)))
+    ax.bar(xs, values, color=colours)
+    low, high = result["steered"]["ci95"]
+    ax.errorbar([xs[-1]], [values[-1]], yerr=[[values[-1] - low], [high - values[-1]]],
+                color="black", capsize=3)  # fmt: skip
+    controls = result["controls"]
+    jitter = [len(names) + 0.15 * ((i % 5) - 2) for i in range(len(controls))]
+    ax.scatter(jitter, controls, s=10, color="tab:green", label="random controls")
+    ax.axhline(result["control_summary"]["p95"], color="tab:green", ls=":", lw=1,
+               label="95th percentile of controls")  # fmt: skip
+    ax.set_xticks(xs + [len(names)], names + ["controls"], rotation=45, ha="right", fontsize=8)
+    sel = result["selected"]
+    model = result.get("config", {}).get("model", {}).get("name", "")
+    ax.set_title(f"Test split ({model}): layer {sel['layer']}, alpha {sel['alpha']:g}, "
+                 f"verdict: {result['verdict']}", fontsize=9)  # fmt: skip
+    ax.set_ylabel("test accuracy")
+    ax.legend(fontsize=7)
     return ax
 
 
