@@ -185,6 +185,17 @@ def test_report_keeps_a_file_that_is_not_a_report(trace_runs, tmp_path, capsys):
     assert "tokenfield report" in notes.read_text()
 
 
+def test_a_report_from_before_the_marker_is_still_replaced(trace_runs, tmp_path, capsys):
+    """`make demo` after an upgrade rewrites its own older report (no marker yet)."""
+    old = tmp_path / "report.html"
+    old.write_text(
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tokenfield: "
+        "the seed experiment on smollm2</title></head><body></body></html>"
+    )
+    assert run_cli(["report", trace_runs["run"], "--out", old], capsys)[0] == 0
+    assert "Trajectories" in old.read_text()
+
+
 def test_steer_overwrite_deletes_only_its_own_files(tmp_path):
     from tokenfield.cli.steer_cmd import _prepare_out
 

@@ -108,7 +108,9 @@ def is_report(path: str | Path) -> bool:
             head = handle.read(4096)
     except OSError:
         return False
-    return REPORT_MARKER.encode() in head
+    # reports written before the marker existed start exactly like this
+    legacy = b"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tokenfield"
+    return REPORT_MARKER.encode() in head or head.startswith(legacy)
 
 
 def write_report(
