@@ -103,7 +103,7 @@ def test_a_partial_run_from_before_token_ids_resumes(tmp_path, monkeypatch):
 
     tiny = tiny_loaded("llama")
     whole = tf.trace(tiny, PROMPTS, positions="all", batch_size=2, out=tmp_path / "whole")
-    real_piece, real_forward = trace_module._piece, trace_module._forward
+    real_piece, real_forward = trace_module._piece, trace_module.forward_last
     calls = {"n": 0}
 
     def old_piece(*args, **kwargs):
@@ -116,11 +116,11 @@ def test_a_partial_run_from_before_token_ids_resumes(tmp_path, monkeypatch):
         return real_forward(model, inputs)
 
     monkeypatch.setattr(trace_module, "_piece", old_piece)
-    monkeypatch.setattr(trace_module, "_forward", interrupted)
+    monkeypatch.setattr(trace_module, "forward_last", interrupted)
     with pytest.raises(KeyboardInterrupt):
         tf.trace(tiny, PROMPTS, positions="all", batch_size=2, out=tmp_path / "old")
     monkeypatch.setattr(trace_module, "_piece", real_piece)
-    monkeypatch.setattr(trace_module, "_forward", real_forward)
+    monkeypatch.setattr(trace_module, "forward_last", real_forward)
     resumed = tf.trace(tiny, PROMPTS, positions="all", batch_size=2, out=tmp_path / "old")
     assert "token_id" not in resumed.coords
     expected = whole.drop_vars(["token_id", "token_piece"])

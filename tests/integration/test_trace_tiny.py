@@ -10,7 +10,7 @@ import xarray as xr
 import tokenfield as tf
 from tests.integration.tiny import KINDS, PROMPTS, tiny_loaded
 from tokenfield.models.capture import capture_residual
-from tokenfield.models.trace import _pad_batch, encode_prompts
+from tokenfield.models.batching import encode_prompts, pad_batch
 from tokenfield.prompts import as_prompts
 
 RTOL = 1e-5  # the tolerance: traced states vs plain Hugging Face, relative
@@ -101,7 +101,7 @@ def test_last_is_the_last_of_all(tiny):
 def test_padding_masks_and_positions():
     tiny = tiny_loaded("llama")
     encoded = encode_prompts(tiny, as_prompts(["the a of", "water"]))
-    padded = _pad_batch(encoded, tiny, "all")
+    padded = pad_batch(encoded, tiny, "all")
     mask = padded["inputs"]["attention_mask"]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]  # left padding for causal models
     assert padded["inputs"]["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
@@ -114,7 +114,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch):
 
     import tokenfield.models.trace as trace_module
 
-    real_forward = trace_module._forward
+    real_forward = trace_module.forward_last
     calls = {"n": 0}
 
     def interrupted(model, inputs):
@@ -123,13 +123,13 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_forward(model, inputs)
 
-    monkeypatch.setattr(trace_module, "_forward", interrupted)
+    monkeypatch.setattr(trace_module, "forward_last", interrupted)
     run = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
         tf.trace(tiny, PROMPTS, positions="all", batch_size=2, out=run)
     info = tf.read_run_info(run)
     assert info.status == "partial" and info.progress["done"] == 2
-    monkeypatch.setattr(trace_module, "_forward", real_forward)
+    monkeypatch.setattr(trace_module, "forward_last", real_forward)
     resumed = tf.trace(tiny, PROMPTS, positions="all", batch_size=2, out=run)
     xr.testing.assert_identical(_strip(resumed), _strip(whole))
     assert list(resumed.prompt_index.values) == sorted(resumed.prompt_index.values)

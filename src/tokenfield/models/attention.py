@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from tokenfield.analysis.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
 from tokenfield.errors import UserError
-from tokenfield.models.sites import ModelSites
+from tokenfield.models.hooks import Order, hooks
+from tokenfield.models.sites import ATTENTION_PATHS, ModelSites, attention_modules
 
 __all__ = [
     "ATTENTION_PATHS",
@@ -46,44 +46,12 @@ __all__ = [
     "head_inputs",
 ]
 
-# Where a block's self-attention module lives, per family in models/sites.py.
-ATTENTION_PATHS: dict[str, str] = {
-    "llama": "self_attn",
-    "gpt2": "attn",
-    "gpt_neox": "attention",
-    "bert": "attention.self",
-}
-
 # Variable names in a traced run (dims: particle, block, head).
 VARIABLES = {name: f"attn_{name}" for name in (*PER_HEAD, *PER_TOKEN)}
 
 
-def attention_modules(sites: ModelSites) -> tuple[nn.Module, ...]:
-    """The self-attention module of every block (the registry above).
-
-    Raises:
-        UserError: the family has no entry, or a block lacks the module.
-    """
-    path = ATTENTION_PATHS.get(sites.family.name)
-    if path is None:
-        raise UserError(
-            f"attention tracing does not know the '{sites.family.name}' family",
-            "add it to ATTENTION_PATHS in tokenfield/models/attention.py",
-        )
-    modules = []
-    for index, block in enumerate(sites.blocks):
-        try:
-            modules.append(block.get_submodule(path))
-        except AttributeError:
-            raise UserError(
-                f"block {index} has no attention module at '{path}'",
-                "fix ATTENTION_PATHS in tokenfield/models/attention.py for this model",
-            ) from None
-    return tuple(modules)
-
-
 @contextlib.contextmanager
-def eager_attention(model: nn.Module) -> Iterator[str]:
+def eager_attention(model: torch.nn.Module) -> Iterator[str]:
     """Run ``model`` with eager attention inside the block; restore it on exit.
 
     Yields the implementation that was set before (``"eager"`` if nothing changed).
@@ -177,12 +145,12 @@ def _weights_of(output: Any) -> torch.Tensor | None:
 
 @contextlib.contextmanager
 def capture_attention(sites: ModelSites, *, causal: bool) -> Iterator[AttentionCapture]:
-    """Hook every block's attention; reduce its weights as they are produced."""
+    """Hook every block's attention (site ``attn.{i}``, a read-out); reduce its
+    weights as they are produced."""
     capture = AttentionCapture(causal=causal)
-    handles = []
 
     def on_attention(block: int):
-        def hook(_module, _args, output):
+        def read(output: Any) -> None:
             weights = _weights_of(output)
             if weights is None:
                 raise UserError(
@@ -191,15 +159,12 @@ def capture_attention(sites: ModelSites, *, causal: bool) -> Iterator[AttentionC
                 )
             capture.reduce(block, weights)
 
-        return hook
+        return read
 
-    try:
-        for block, module in enumerate(attention_modules(sites)):
-            handles.append(module.register_forward_hook(on_attention(block)))
+    attention_modules(sites)  # a family without an entry fails here, in one line
+    pairs = [(f"attn.{block}", on_attention(block)) for block in range(sites.n_blocks)]
+    with hooks(sites, pairs, order=Order.READ):
         yield capture
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def attention_matrices(model: Any, prompt: str | Sequence[int]) -> np.ndarray:
@@ -218,25 +183,20 @@ def attention_matrices(model: Any, prompt: str | Sequence[int]) -> np.ndarray:
     found: list[np.ndarray | None] = [None] * model.n_layers
 
     def on_attention(block: int):
-        def hook(_module, _args, output):
+        def read(output: Any) -> None:
             weights = _weights_of(output)
             if weights is None:
                 raise UserError("the attention module returned no weights")
             found[block] = weights[0].detach().to("cpu").float().numpy().copy()
 
-        return hook
+        return read
 
-    handles = []
-    with eager_attention(model.model), torch.inference_mode():
-        try:
-            for block, module in enumerate(attention_modules(model.sites)):
-                handles.append(module.register_forward_hook(on_attention(block)))
-            inputs = torch.tensor([ids], device=model.device)
-            extra = {"use_cache": False} if model.causal else {}
-            model.model(input_ids=inputs, attention_mask=torch.ones_like(inputs), **extra)
-        finally:
-            for handle in handles:
-                handle.remove()
+    attention_modules(model.sites)
+    pairs = [(f"attn.{block}", on_attention(block)) for block in range(model.n_layers)]
+    with eager_attention(model.model), torch.inference_mode(), hooks(model, pairs):
+        inputs = torch.tensor([ids], device=model.device)
+        extra = {"use_cache": False} if model.causal else {}
+        model.model(input_ids=inputs, attention_mask=torch.ones_like(inputs), **extra)
     return np.stack(found)  # type: ignore[arg-type]
 
 

@@ -3,9 +3,11 @@
 Also here: :func:`logit_lens`, which reads stored last-token states through the
 final norm and the unembedding after the pass (no hooks).
 
-The hooks exist only inside :func:`capture_residual` and are removed on exit, even
-when the forward pass raises. They never change what the model computes (they
-return ``None``), so logits are identical with and without tracing.
+The hooks (:mod:`tokenfield.models.hooks`, order ``READ``) exist only inside
+:func:`capture_residual` and are removed on exit, even when the forward pass
+raises. They never change what the model computes (they return ``None``), so
+logits are identical with and without tracing; they run after any intervention
+at the same site, so they see steered values.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tokenfield.models.sites import ModelSites
+from tokenfield.models.hooks import Order, hooks
+from tokenfield.models.sites import ModelSites, site_names
 
 __all__ = ["Capture", "LensReadout", "capture_residual", "logit_lens"]
 
@@ -61,49 +64,28 @@ class Capture:
         return hidden[self.index.to(hidden.device)].detach().to("cpu", torch.float32)
 
 
-def _hidden_of(output: object) -> torch.Tensor:
-    """Blocks return a tensor (transformers 5) or a tuple whose first item it is."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise TypeError(f"cannot read hidden states from a block output of type {type(output)}")
-
-
 @contextlib.contextmanager
 def capture_residual(sites: ModelSites) -> Iterator[Capture]:
-    """Hook ``embed`` (input of block 0), every block's output, and the final norm."""
+    """Read ``embed``, every block's output and the final norm
+    (:func:`tokenfield.models.hooks.hooks`, as read-outs: they see steered values)."""
     capture = Capture()
-    handles = []
 
-    def on_embed(_module, args, kwargs):
-        if capture.paused:
-            return
-        hidden = args[0] if args else kwargs["hidden_states"]
-        capture.states[0] = capture.take(hidden)
-
-    def on_block(time: int):
-        def hook(_module, _args, output):
+    def keep(time: int):
+        def read(hidden: torch.Tensor) -> None:
             if not capture.paused:
-                capture.states[time] = capture.take(_hidden_of(output))
+                capture.states[time] = capture.take(hidden)
 
-        return hook
+        return read
 
-    def on_norm(_module, _args, output):
-        if capture.paused:
-            return
-        capture.final_norm = capture.take(_hidden_of(output))
+    def on_norm(hidden: torch.Tensor) -> None:
+        if not capture.paused:
+            capture.final_norm = capture.take(hidden)
 
-    try:
-        handles.append(sites.blocks[0].register_forward_pre_hook(on_embed, with_kwargs=True))
-        for i, block in enumerate(sites.blocks):
-            handles.append(block.register_forward_hook(on_block(i + 1)))
-        if sites.final_norm is not None:
-            handles.append(sites.final_norm.register_forward_hook(on_norm))
+    pairs = [(site, keep(time)) for time, site in enumerate(site_names(sites.n_blocks))]
+    if sites.final_norm is not None:
+        pairs.append(("final_norm", on_norm))
+    with hooks(sites, pairs, order=Order.READ):
         yield capture
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @dataclass(frozen=True)

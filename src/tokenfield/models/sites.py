@@ -26,7 +26,16 @@ from torch import nn
 
 from tokenfield.errors import UserError
 
-__all__ = ["Family", "FAMILIES", "family_for", "ModelSites", "find_sites", "site_names"]
+__all__ = [
+    "ATTENTION_PATHS",
+    "Family",
+    "FAMILIES",
+    "attention_modules",
+    "family_for",
+    "ModelSites",
+    "find_sites",
+    "site_names",
+]
 
 
 @dataclass(frozen=True)
@@ -148,3 +157,36 @@ def find_sites(model: nn.Module) -> ModelSites:
 def site_names(n_blocks: int) -> list[str]:
     """Site name for each ``time``: ``embed``, ``block.0``, ..., ``block.{n-1}``."""
     return ["embed", *(f"block.{i}" for i in range(n_blocks))]
+
+
+# Where a block's self-attention module lives, per family above.
+ATTENTION_PATHS: dict[str, str] = {
+    "llama": "self_attn",
+    "gpt2": "attn",
+    "gpt_neox": "attention",
+    "bert": "attention.self",
+}
+
+
+def attention_modules(sites: ModelSites) -> tuple[nn.Module, ...]:
+    """The self-attention module of every block (:data:`ATTENTION_PATHS`).
+
+    Raises:
+        UserError: the family has no entry, or a block lacks the module.
+    """
+    path = ATTENTION_PATHS.get(sites.family.name)
+    if path is None:
+        raise UserError(
+            f"attention tracing does not know the '{sites.family.name}' family",
+            "add it to ATTENTION_PATHS in tokenfield/models/sites.py",
+        )
+    modules = []
+    for index, block in enumerate(sites.blocks):
+        try:
+            modules.append(block.get_submodule(path))
+        except AttributeError:
+            raise UserError(
+                f"block {index} has no attention module at '{path}'",
+                "fix ATTENTION_PATHS in tokenfield/models/sites.py for this model",
+            ) from None
+    return tuple(modules)

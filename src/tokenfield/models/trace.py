@@ -35,9 +35,8 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,6 +45,13 @@ import xarray as xr
 from tokenfield._progress import ProgressBar
 from tokenfield.errors import UserError
 from tokenfield.models.attention import AttentionCapture, capture_attention, eager_attention
+from tokenfield.models.batching import (
+    Encoded,
+    Positions,
+    encode_prompts,
+    forward_last,
+    pad_batch,
+)
 from tokenfield.models.capture import capture_residual, logit_lens
 from tokenfield.models.load import LoadedModel
 from tokenfield.models.sites import site_names
@@ -53,94 +59,7 @@ from tokenfield.models.tokens import token_piece
 from tokenfield.prompts import Prompt, load_prompts
 from tokenfield.runs import CONFIG_ATTR, TRAJECTORY, RunWriter, open_run, strings
 
-__all__ = ["trace", "encode_prompts", "Positions"]
-
-Positions = Literal["last", "all"]
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """One prompt's token ids (after chat template and truncation)."""
-
-    prompt: Prompt
-    ids: list[int]
-
-
-def encode_prompts(
-    model: LoadedModel, prompts: Sequence[Prompt], *, chat: bool = False, truncate: bool = False
-) -> list[Encoded]:
-    """Tokenize prompts, applying the chat template and checking the context length.
-
-    Raises:
-        UserError: ``chat`` without a chat template; a prompt longer than the
-            model's context without ``truncate`` (which keeps the last tokens).
-    """
-    tokenizer = model.tokenizer
-    if chat and not getattr(tokenizer, "chat_template", None):
-        raise UserError(f"model '{model.name}' has no chat template", "drop --chat for this model")
-    limit = model.max_positions
-    encoded = []
-    for number, prompt in enumerate(prompts, start=1):
-        if chat:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt.text}],
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        else:
-            ids = tokenizer(prompt.text)["input_ids"]
-        if not ids:
-            raise UserError(f"prompt #{number} encodes to no tokens", "give it some text")
-        if limit and len(ids) > limit:
-            if not truncate:
-                raise UserError(
-                    f"prompt #{number} has {len(ids)} tokens, more than the model's "
-                    f"context of {limit}",
-                    f"shorten it, or pass --truncate to keep its last {limit} tokens",
-                )
-            ids = ids[-limit:]
-        encoded.append(Encoded(prompt, list(ids)))
-    return encoded
-
-
-def _pad_batch(
-    batch: Sequence[Encoded], model: LoadedModel, positions: Positions
-) -> dict[str, torch.Tensor]:
-    """Pad a batch; return model inputs and the (batch, seq) mask of kept positions."""
-    pad_id = model.tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = model.tokenizer.eos_token_id or 0
-    width = max(len(item.ids) for item in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    last = torch.zeros((len(batch), width), dtype=torch.bool)
-    for row, item in enumerate(batch):
-        n = len(item.ids)
-        if model.causal:  # left padding: every prompt ends in the last column
-            ids[row, width - n :] = torch.tensor(item.ids)
-            mask[row, width - n :] = 1
-            last[row, width - 1] = True
-        else:  # right padding
-            ids[row, :n] = torch.tensor(item.ids)
-            mask[row, :n] = 1
-            last[row, n - 1] = True
-    keep = last if positions == "last" else mask.bool()
-    inputs = {"input_ids": ids, "attention_mask": mask}
-    if model.causal:
-        inputs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {"inputs": inputs, "keep": keep, "last": last}
-
-
-def _forward(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """Run the model; return last-column logits (batch, vocab) for causal models."""
-    device = model.device
-    inputs = {k: v.to(device) for k, v in inputs.items()}
-    if not model.causal:
-        model.model(**inputs)
-        return None
-    out = model.model(**inputs, use_cache=False, logits_to_keep=1)
-    return out.logits[:, -1, :].float()
+__all__ = ["trace", "encode_prompts", "forward_last", "pad_batch", "Positions"]
 
 
 def _sha256(values: np.ndarray) -> str:
@@ -157,7 +76,7 @@ def _continue_greedily(
     Returns the extended items and, per prompt, (how many ids were generated,
     whether the last is the end-of-sequence token: then it stopped early).
     """
-    padded = _pad_batch(batch, model, "last")
+    padded = pad_batch(batch, model, "last")
     inputs = {k: v.to(model.device) for k, v in padded["inputs"].items()}
     inputs.pop("position_ids")  # generate() derives positions from the mask itself
     tokenizer = model.tokenizer
@@ -200,10 +119,10 @@ def _pad_generated(
     model: LoadedModel,
     positions: Positions,
 ) -> dict[str, torch.Tensor]:
-    """:func:`_pad_batch` for prompt + continuation: ``last`` marks each prompt's
+    """:func:`pad_batch` for prompt + continuation: ``last`` marks each prompt's
     own last token, ``keep`` adds every generated token, ``read`` (what the logit
     lens reads) is ``last`` and the generated tokens."""
-    padded = _pad_batch(batch, model, "all")
+    padded = pad_batch(batch, model, "all")
     mask = padded["inputs"]["attention_mask"].bool()
     width = mask.shape[1]
     last = torch.zeros_like(mask)
@@ -541,11 +460,11 @@ def trace(
                 every = _forward_every(model, padded["inputs"])
                 logits = every[torch.arange(len(batch)), padded["last"].float().argmax(-1)]
             else:
-                padded = _pad_batch(batch, model, positions)
+                padded = pad_batch(batch, model, positions)
                 capture.reset(model.n_layers + 1, padded["keep"])
                 if reducer is not None:
                     reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
-                logits = _forward(model, padded["inputs"])
+                logits = forward_last(model, padded["inputs"])
             states = [s for s in capture.states if s is not None]
             if len(states) != model.n_layers + 1:
                 raise RuntimeError("a block did not run; the site registry is wrong for this model")

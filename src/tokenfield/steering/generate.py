@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from tokenfield.errors import UserError
-from tokenfield.models.trace import _forward, _pad_batch, encode_prompts
+from tokenfield.models.batching import encode_prompts, forward_last, pad_batch
+from tokenfield.models.hooks import Order, hooks, site_for_time
+from tokenfield.models.sites import site_names
 from tokenfield.prompts import as_prompts
 
 __all__ = [
@@ -45,8 +47,8 @@ def next_token_logprobs(
     rows = []
     with torch.inference_mode():
         for first in range(0, len(encoded), batch_size):
-            padded = _pad_batch(encoded[first : first + batch_size], model, "last")
-            logits = _forward(model, padded["inputs"])
+            padded = pad_batch(encoded[first : first + batch_size], model, "last")
+            logits = forward_last(model, padded["inputs"])
             assert logits is not None
             rows.append(logits.float().log_softmax(-1).cpu())
     return torch.cat(rows)
@@ -67,23 +69,12 @@ def _prefill_last_states(model: Any, store: list[list[torch.Tensor]]) -> Iterato
             seen[time] = True
             store[time].append(hidden[:, -1].detach().to("cpu", torch.float32))
 
-    def on_embed(_module, args, kwargs):
-        keep(0, args[0] if args else kwargs["hidden_states"])
+    def read(time: int):
+        return lambda hidden: keep(time, hidden)
 
-    def on_block(time: int):
-        def hook(_module, _args, output):
-            keep(time, output if isinstance(output, torch.Tensor) else output[0])
-
-        return hook
-
-    blocks = model.sites.blocks
-    handles = [blocks[0].register_forward_pre_hook(on_embed, with_kwargs=True)]
-    handles += [block.register_forward_hook(on_block(i + 1)) for i, block in enumerate(blocks)]
-    try:
+    pairs = [(site, read(time)) for time, site in enumerate(site_names(model.n_layers))]
+    with hooks(model, pairs, order=Order.READ):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def greedy_continuations(
@@ -111,7 +102,7 @@ def greedy_continuations(
     texts: list[str] = []
     with torch.inference_mode():
         for first in range(0, len(encoded), batch_size):
-            padded = _pad_batch(encoded[first : first + batch_size], model, "last")
+            padded = pad_batch(encoded[first : first + batch_size], model, "last")
             inputs = {k: v.to(model.device) for k, v in padded["inputs"].items()}
             inputs.pop("position_ids")  # generate() derives positions from the mask itself
             recorder = (
@@ -222,36 +213,18 @@ def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _row_steering(model: Any, deltas: dict[int, torch.Tensor]) -> Iterator[None]:
     """Add ``deltas[layer][row]`` to each row's last column at ``layer`` (time convention
     of :mod:`~tokenfield.steering.hooks`); rows of other conditions get exact zeros."""
-    blocks = model.sites.blocks
-    handles = []
-    for layer, delta in deltas.items():
 
-        def shift(hidden: torch.Tensor, delta: torch.Tensor = delta) -> torch.Tensor:
+    def shift(delta: torch.Tensor):
+        def add(hidden: torch.Tensor) -> torch.Tensor:
             shifted = hidden.clone()
             shifted[:, -1, :] = shifted[:, -1, :] + delta.to(hidden.device, hidden.dtype)
             return shifted
 
-        if layer == 0:
+        return add
 
-            def pre_hook(_module, args, kwargs, shift=shift):
-                if args:
-                    return (shift(args[0]), *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": shift(kwargs["hidden_states"])}
-
-            handles.append(blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
-        else:
-
-            def hook(_module, _args, output, shift=shift):
-                if isinstance(output, torch.Tensor):
-                    return shift(output)
-                return (shift(output[0]), *output[1:])
-
-            handles.append(blocks[layer - 1].register_forward_hook(hook))
-    try:
+    pairs = [(site_for_time(layer), shift(delta)) for layer, delta in deltas.items()]
+    with hooks(model, pairs, order=Order.INTERVENE):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _common_prefix(token_lists: Sequence[Sequence[int]]) -> int:
@@ -382,7 +355,7 @@ def answer_conditions(
             for condition in conditions:
                 for first in range(0, n, batch_size):
                     rows = order[first : first + batch_size]
-                    padded = _pad_batch([encoded[i] for i in rows], model, "last")
+                    padded = pad_batch([encoded[i] for i in rows], model, "last")
                     ids, mask = padded["inputs"]["input_ids"], padded["inputs"]["attention_mask"]
                     store = [[] for _ in range(times)] if condition.record else None
                     context = (

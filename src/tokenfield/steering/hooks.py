@@ -1,10 +1,12 @@
 """Add ``alpha * v`` to the residual stream inside a context manager.
 
-The hook is registered on entry and removed on exit, even when the body raises.
-At ``layer`` 0 it is a pre-hook on block 0 (changing the embedding output that
-block 0 reads); at ``layer`` l >= 1 a forward hook on block l-1 (changing its
-output). Either way states at ``time < layer`` are untouched, and the tracer's
-own hooks, registered later, read the steered values.
+The hook (:func:`tokenfield.models.hooks.hook`, order ``INTERVENE``) is
+registered on entry and removed on exit, even when the body raises. It sits at
+the site of run time ``layer`` (``embed`` for 0: the embedding output that block
+0 reads; ``block.{l-1}`` for l >= 1: that block's output), so states at
+``time < layer`` are untouched. Read-outs (the tracer's capture, the logit lens)
+run after interventions at every site, so they read the steered values whether
+they were registered before or after the steering.
 
 ``positions="last"`` adds to the last column only: with tokenfield's left
 padding that is every prompt's last real token, and during generation each new
@@ -20,6 +22,7 @@ from typing import Any, Literal
 import torch
 
 from tokenfield.errors import UserError
+from tokenfield.models.hooks import Order, hook, site_for_time
 from tokenfield.steering.vectors import SteeringVector
 
 __all__ = ["steering"]
@@ -63,25 +66,10 @@ def steering(
     if check:
         vector.check_model(model)
     delta = alpha * torch.from_numpy(vector.vector)
-    blocks = model.sites.blocks
-    if vector.layer == 0:
-
-        def pre_hook(_module, args, kwargs):
-            if args:
-                return (_shift(args[0], delta, positions), *args[1:]), kwargs
-            kwargs = {**kwargs, "hidden_states": _shift(kwargs["hidden_states"], delta, positions)}
-            return args, kwargs
-
-        handle = blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
-    else:
-
-        def hook(_module, _args, output):
-            if isinstance(output, torch.Tensor):
-                return _shift(output, delta, positions)
-            return (_shift(output[0], delta, positions), *output[1:])
-
-        handle = blocks[vector.layer - 1].register_forward_hook(hook)
-    try:
+    with hook(
+        model,
+        site_for_time(vector.layer),
+        lambda hidden: _shift(hidden, delta, positions),
+        order=Order.INTERVENE,
+    ):
         yield
-    finally:
-        handle.remove()
