@@ -45,9 +45,11 @@ class ProgressBar:
         enabled: bool = True,
         completed: float = 0,
         unit: str = "",
+        counter: str | None = None,
     ):
         """``total`` may be ``None`` (unknown yet: see :meth:`update`). The bar is
-        drawn on stderr."""
+        drawn on stderr. ``counter`` replaces the ``done/total`` count, e.g.
+        ``"t = {task.completed:.3g} / {task.total:.3g}"`` for a bar over time."""
         self.enabled = enabled
         self._progress: Any = None
         if not enabled:
@@ -64,7 +66,7 @@ class ProgressBar:
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            TextColumn(counter) if counter else MofNCompleteColumn(),
             TextColumn(unit),
             TimeElapsedColumn(),
             TimeRemainingColumn(),

@@ -175,18 +175,12 @@ def _heads_fit(ds: xr.Dataset, model: Any, causal: bool) -> EffectiveBeta:
 
 def model_of_run(run: str | Path) -> Any:
     """Load the model named in a trace run's config (random weights and seed included)."""
-    from tokenfield.models.load import load_model
+    from tokenfield.models.load import ModelSpec
 
-    config = read_run_info(run).config.get("model", {})
-    name = config.get("name")
-    if not name:
+    config = read_run_info(run).config
+    if not config.get("model", {}).get("name"):
         raise UserError(f"run '{run}' names no model")
-    return load_model(
-        name,
-        dtype=config.get("dtype", "float32"),
-        random_weights=bool(config.get("random_weights")),
-        seed=int(config.get("seed") or 0),
-    )
+    return ModelSpec.from_run(config).load()
 
 
 def simulate_from_run(

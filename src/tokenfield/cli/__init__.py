@@ -13,6 +13,7 @@ import sys
 import threading
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import user_error
 from tokenfield.errors import UserError
 
 # Importing these registers their commands on `app`.
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         print(RESUME_LINE, file=sys.stderr)
         sys.exit(130)
     except UserError as exc:
-        print(f"tokenfield: error: {exc.one_line()}", file=sys.stderr)
+        # A library error names its parameter ("beta"); here it names the flag ("--beta").
+        print(f"tokenfield: error: {user_error(exc).one_line()}", file=sys.stderr)
         sys.exit(2)
     except SystemExit:
         raise

@@ -47,15 +47,15 @@ def demo_command(
 
     from tokenfield._progress import console as make_console
     from tokenfield.analysis.run_analysis import analyze_run
-    from tokenfield.models.load import load_model
+    from tokenfield.models.load import ModelSpec
     from tokenfield.models.trace import trace
     from tokenfield.report import write_report
 
     console = make_console(stderr=True)  # progress; the report's path goes to stdout
     started = time.perf_counter()
     with console.status(f"loading {model}"):
-        loaded = load_model(model)
-        random_copy = load_model(model, random_weights=True, seed=0) if baseline else None
+        loaded = ModelSpec(model).load()
+        random_copy = ModelSpec(model, random_weights=True, seed=0).load() if baseline else None
     runs = []
     for name in SEED_SETS:
         run = out / name

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Annotated
@@ -10,22 +9,11 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import Device
 from tokenfield.errors import UserError
 
 DTYPES = ("float64", "float32")
 ENSEMBLES = ("identity", "gaussian", "orthogonal", "symmetric")
-
-
-def _torch_device(device: str):
-    import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(
-            f"--device {device} asked for, but CUDA is not available", "use --device cpu"
-        )
-    if device != "cpu" and not device.startswith("cuda"):
-        raise UserError(f"unknown --device '{device}'", "use cpu, cuda or cuda:N")
-    return torch.device(device)
 
 
 @app.command(
@@ -80,7 +68,7 @@ def simulate_command(
         bool, typer.Option("--overwrite", help="Replace a run made with another config.")
     ] = False,
     dtype: Annotated[str, typer.Option(help="float64 or float32.")] = "float64",
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    device: Device = "cpu",
     causal: Annotated[
         bool, typer.Option("--causal", help="Token i attends to j <= i only.")
     ] = False,
@@ -118,11 +106,12 @@ def simulate_command(
     states (time, particle, feature), time = ODE time.
     """
     import torch
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from tokenfield._device import parse_device
+    from tokenfield._progress import ProgressBar
     from tokenfield.particles import Adaptive, Dynamics, SaveAt, random_matrices, simulate
     from tokenfield.particles.init import initial_condition
-    from tokenfield.particles.integrate import get_solver
+    from tokenfield.particles.integrate import check_times, get_solver
 
     if dtype not in DTYPES:
         raise UserError(f"unknown --dtype '{dtype}'", "use float64 or float32")
@@ -130,14 +119,8 @@ def simulate_command(
         raise UserError(f"unknown --matrices '{matrices}'", f"use one of {', '.join(ENSEMBLES)}")
     if heads < 1:
         raise UserError(f"--heads must be >= 1, not {heads}")
-    for label, value in (("--beta", beta), ("--t-max", t_max), ("--dt", dt), ("--noise", noise)):
-        if not math.isfinite(value):
-            raise UserError(f"{label} must be finite, not {value}")
-    if dt <= 0:
-        raise UserError(f"--dt must be > 0, not {dt}", "pass a positive step")
-    if t_max <= 0:
-        raise UserError(f"--t-max must be > 0, not {t_max}", "pass a positive final time")
-    torch_device = _torch_device(device)
+    check_times(t_max, dt)  # beta, noise, n and dim are checked where they are used
+    torch_device = parse_device(device)
     torch_dtype = getattr(torch, dtype)
     solver = Adaptive(rtol=rtol, atol=atol) if integrator == "adaptive" else get_solver(integrator)
     from_run = init.startswith("run:")
@@ -189,14 +172,8 @@ def simulate_command(
     hold_for_command(out, what="run")
     if integrator != "adaptive":
         _warn_large_step(console, model, x0, dt)
-    columns = (
-        TextColumn("simulate"),
-        BarColumn(),
-        TextColumn("t = {task.completed:.3g} / {task.total:.3g}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("simulate", total=t_max)
+    counter = "t = {task.completed:.3g} / {task.total:.3g}"
+    with ProgressBar("simulate", total=t_max, counter=counter) as bar:
         ds = simulate(
             model,
             x0,
@@ -209,7 +186,7 @@ def simulate_command(
             out=out,
             overwrite=overwrite,
             extra_config=extra,
-            progress=lambda t: bar.update(task, completed=t),
+            progress=lambda t: bar.update(completed=t),
         )
     make_console().print(
         f"wrote {ds.sizes['time']} states of {ds.sizes['particle']} particles in d = {d} to {out}"

@@ -9,29 +9,8 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import Json, echo_json, numbers, one_run
 from tokenfield.errors import UserError
-
-
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(
-            f"{flag} must be numbers separated by commas, got '{text}'", f"e.g. {flag} 0.5,1,2"
-        ) from None
-    if not values:
-        raise UserError(f"{flag} is empty", f"e.g. {flag} 0.5,1,2")
-    return values
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(
-            f"{flag} must be integers separated by commas, got '{text}'", f"e.g. {flag} 8,15"
-        ) from None
-
 
 # What steer / eval-steering write: --overwrite deletes these and nothing else.
 OUTPUTS = {
@@ -71,31 +50,14 @@ def _prepare_out(out: Path, overwrite: bool, marker: str) -> Path:
     return out
 
 
-def _load_run_model(run_ds, spec: str | None):
-    from tokenfield.models.load import load_model
-
-    model_cfg = run_ds.attrs["run"]["config"].get("model", {})
-    name = spec or model_cfg.get("name")
-    if not name:
-        raise UserError("the run does not say which model made it", "pass --model")
-    return load_model(
-        name,
-        random_weights=bool(model_cfg.get("random_weights")) and spec is None,
-        seed=int(model_cfg.get("seed") or 0),
-    )
-
-
 @app.command(
     "steer",
     epilog=(
-        "Example: tokenfield steer --run runs/demo/seed-spectrum --from 'Word Problems' "
+        "Example: tokenfield steer runs/demo/seed-spectrum --from 'Word Problems' "
         "--to 'Pure Math' --layer 15 --alpha 0.5,1,2 --out runs/steer"
     ),
 )
 def steer_command(
-    run: Annotated[
-        Path, typer.Option("--run", help="A traced run with categories (the reference).")
-    ],
     source: Annotated[str, typer.Option("--from", help="Category to steer.")],
     target: Annotated[str, typer.Option("--to", help="Category whose region to steer toward.")],
     layer: Annotated[
@@ -107,6 +69,13 @@ def steer_command(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Directory for the vector, results and figures.")
     ],
+    run: Annotated[
+        Path | None,
+        typer.Argument(help="A traced run with categories (the reference).", show_default=False),
+    ] = None,
+    run_option: Annotated[
+        Path | None, typer.Option("--run", hidden=True, help="The run (old spelling of RUN).")
+    ] = None,
     alpha: Annotated[
         str, typer.Option("--alpha", help="Comma-separated multiples of the vector.")
     ] = "0.5,1,2",
@@ -134,6 +103,7 @@ def steer_command(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an earlier steer output.")
     ] = False,
+    as_json: Json = False,
 ) -> None:
     """Steer one category's prompts toward another's region and measure the change.
 
@@ -145,11 +115,13 @@ def steer_command(
     from rich.table import Table
 
     from tokenfield._progress import console as make_console
+    from tokenfield.models.load import ModelSpec
     from tokenfield.runs import open_run, write_json_atomic
     from tokenfield.steering.closed_loop import closed_loop
     from tokenfield.steering.vectors import SteeringVector, steering_vector
 
-    alphas = _floats(alpha, "--alpha")
+    run = one_run(run, run_option)
+    alphas = numbers(alpha, "--alpha", ranges=False)
     if positions not in ("last", "all"):
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
     ds = open_run(run).load()
@@ -168,9 +140,10 @@ def steer_command(
         steer_vec = steering_vector(
             ds, source=source, target=target, layer=layer, method=method, run=str(run)
         )
+    spec = ModelSpec.from_run(ds, name=model)  # the run's model, dtype and weights
     console = make_console(stderr=True)  # progress; the table goes to stdout
     with console.status("loading model"):
-        loaded = _load_run_model(ds, model)
+        loaded = spec.load()
     steer_vec.check_model(loaded)
     from tokenfield.steering.generate import _require_causal
 
@@ -192,6 +165,10 @@ def steer_command(
 
     (out / "figures").mkdir(exist_ok=True)
     save(plot_steered_paths(result), out / "figures" / "steered_paths")
+    if as_json:
+        echo_json({"rows": result["rows"], "out": str(out)})
+        console.print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
+        return
     table = Table(title=f"{source} -> {target} at layer {layer}")
     for col in (
         "condition",
@@ -282,12 +259,12 @@ def eval_steering_command(
     """
     from rich.console import Console
 
-    from tokenfield.models.load import load_model
+    from tokenfield.models.load import ModelSpec
     from tokenfield.runs import write_json_atomic
     from tokenfield.steering.evaluate import evaluate_steering
 
-    alpha_list = _floats(alphas, "--alphas")
-    layer_list = _ints(layers, "--layers") if layers else None
+    alpha_list = numbers(alphas, "--alphas", ranges=False)
+    layer_list = numbers(layers, "--layers", integer=True, ranges=False) if layers else None
     template_list = [t.strip() for t in templates.split(",") if t.strip()]
     from tokenfield.steering.problems import make_splits
 
@@ -303,9 +280,10 @@ def eval_steering_command(
             raise UserError(f"{flag} must be at least {least}, got {value}", f"raise {flag}")
     if dtype not in ("float32", "bfloat16"):
         raise UserError(f"unknown --dtype '{dtype}'", "use float32 or bfloat16")
+    spec = ModelSpec(model, dtype=dtype)
     console = Console(stderr=True)
     with console.status(f"loading {model}"):
-        loaded = load_model(model, dtype=dtype)
+        loaded = spec.load()
     from tokenfield.steering.generate import _require_causal
 
     _require_causal(loaded)  # an encoder fails here, before --out is created

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import Device
 
 
 @app.command(
@@ -47,7 +48,7 @@ def trace_command(
     truncate: Annotated[
         bool, typer.Option("--truncate", help="Keep the last tokens of over-long prompts.")
     ] = False,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
+    device: Device = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     random_weights: Annotated[
         bool,
@@ -111,7 +112,7 @@ def trace_command(
     logit lens (read them with 'tokenfield lens RUN').
     """
     from tokenfield._progress import console as make_console
-    from tokenfield.models.load import load_model
+    from tokenfield.models.load import ModelSpec
     from tokenfield.models.trace import trace
     from tokenfield.prompts import load_prompts
     from tokenfield.runs import check_writable_dir
@@ -140,19 +141,20 @@ def trace_command(
                 "pass --steer-positions all",
             )
         steering = (SteeringVector.load(steer), alpha, steer_positions)
+    spec = ModelSpec(
+        model,
+        dtype=dtype,
+        device=device,
+        random_weights=random_weights,
+        seed=seed,
+        attn_implementation="eager" if attention else None,
+    )  # a bad --device or --dtype fails here, before the run directory is touched
     check_writable_dir(out)
     from tokenfield._lock import hold_for_command
 
     hold_for_command(out, what="run")  # a second writer fails here, before loading
     with console.status(f"loading {model}"):
-        loaded = load_model(
-            model,
-            device=device,
-            dtype=dtype,
-            random_weights=random_weights,
-            seed=seed,
-            attn_implementation="eager" if attention else None,
-        )
+        loaded = spec.load()
     ds = trace(
         loaded,
         prompt_list,

@@ -41,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError, UserError
 
 VARIABLE = "merged_probability"
 
@@ -85,15 +85,17 @@ class PhaseDiagramConfig:
         object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         if not self.dims or min(self.dims) < 2:
-            raise UserError("dims must be a non-empty list of d >= 2", "pass e.g. --dims 2,8,32")
+            raise ParameterError(
+                "dims", "{name} must be a non-empty list of d >= 2", "pass e.g. {name} 2,8,32"
+            )
         if not self.betas or not all(math.isfinite(b) for b in self.betas):
-            raise UserError("betas must be a non-empty list of finite numbers")
+            raise ParameterError("betas", "{name} must be a non-empty list of finite numbers")
         if not (math.isfinite(self.t_max) and self.t_max > 0) or self.frames < 2:
             raise UserError("t_max must be > 0 and frames >= 2")
         if self.n_particles < 2 or self.n_systems < 1:
             raise UserError("phase diagrams need n_particles >= 2 and n_systems >= 1")
         if not (0 < self.delta < 2):
-            raise UserError(f"delta must be in (0, 2), not {self.delta}")
+            raise ParameterError("delta", f"{{name}} must be in (0, 2), not {self.delta}")
         if self.normalization not in ("sa", "usa") or self.time not in ("paper", "rescaled"):
             raise UserError("normalization must be sa/usa and time paper/rescaled")
         if self.pairs not in ("all", "first"):

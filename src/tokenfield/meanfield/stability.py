@@ -68,7 +68,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy.special import gammaln, ive
 
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError, UserError
 
 Normalization = Literal["sa", "usa"]
 TimeConvention = Literal["paper", "rescaled"]
@@ -76,10 +76,12 @@ TimeConvention = Literal["paper", "rescaled"]
 
 def _check(beta: float, dim: int, normalization: str, time: str) -> tuple[float, int]:
     if isinstance(beta, bool) or not math.isfinite(float(beta)):
-        raise UserError(f"beta must be a finite number, not {beta}", "pass e.g. --beta 9")
+        raise ParameterError(
+            "beta", f"{{name}} must be a finite number, not {beta}", "pass e.g. {name} 9"
+        )
     if isinstance(dim, bool) or int(dim) != dim or int(dim) < 2:
-        raise UserError(
-            f"the dimension must be an integer d >= 2, not {dim}", "pass --dim 2 or more"
+        raise ParameterError(
+            "dim", f"the dimension must be an integer d >= 2, not {dim}", "pass {name} 2 or more"
         )
     if normalization not in ("sa", "usa"):
         raise UserError(f"unknown attention normalization {normalization!r}", "use sa or usa")
@@ -212,7 +214,7 @@ def discrete_growth_rates(
     """
     beta, _ = _check(beta, 2, normalization, time)
     if isinstance(n_particles, bool) or int(n_particles) < 1:
-        raise UserError(f"n_particles must be >= 1, not {n_particles}")
+        raise ParameterError("n_particles", f"{{name}} must be >= 1, not {n_particles}")
     n = int(n_particles)
     degree = _modes(modes)
     if beta == 0:
@@ -314,7 +316,7 @@ def stability_spectrum(
     beta, dim = _check(beta, dim, normalization, time)
     top = default_max_mode(beta, dim) if max_mode is None else int(max_mode)
     if top < 1:
-        raise UserError(f"max_mode must be >= 1, not {max_mode}")
+        raise ParameterError("max_mode", f"{{name}} must be >= 1, not {max_mode}")
     if n_particles is not None:
         if dim != 2:
             raise UserError("discrete rates (n_particles) exist on the circle only", "use --dim 2")

@@ -41,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError, UserError
 from tokenfield.particles.kernels import attention
 
 Normalization = Literal["sa", "usa"]
@@ -238,7 +238,9 @@ class Dynamics:
         if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float, np.number)):
             raise UserError(f"beta must be a number, not {self.beta!r}", "pass e.g. beta=1.0")
         if not math.isfinite(float(self.beta)):
-            raise UserError(f"beta must be finite, not {self.beta}", "pass a finite --beta")
+            raise ParameterError(
+                "beta", f"{{name}} must be finite, not {self.beta}", "pass a finite {name}"
+            )
         object.__setattr__(self, "beta", float(self.beta))
         if self.normalization not in ("sa", "usa"):
             raise UserError(

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError, UserError
 
 KINDS = ("uniform", "equispaced", "orthogonal", "caps")
 
@@ -36,9 +36,13 @@ def _normalize(x: torch.Tensor) -> torch.Tensor:
 
 def _check_size(n: int, d: int) -> None:
     if int(n) < 1:
-        raise UserError(f"the number of particles must be n >= 1, not {n}", "pass --n 1 or more")
+        raise ParameterError(
+            "n", f"the number of particles must be n >= 1, not {n}", "pass {name} 1 or more"
+        )
     if int(d) < 2:
-        raise UserError(f"the dimension must be d >= 2, not {d}", "pass --dim 2 or more")
+        raise ParameterError(
+            "dim", f"the dimension must be d >= 2, not {d}", "pass {name} 2 or more"
+        )
 
 
 def _shape(batch: int | None, n: int, d: int) -> tuple[int, ...]:
@@ -129,8 +133,8 @@ def caps(
 def add_noise(x: torch.Tensor, noise: float, *, seed: int = 0) -> torch.Tensor:
     """``normalize(x + noise * N(0, I))`` (seeded; independent of the init's stream)."""
     if not math.isfinite(noise) or noise < 0:
-        raise UserError(
-            f"noise must be a finite number >= 0, not {noise}", "pass --noise 0 or more"
+        raise ParameterError(
+            "noise", f"{{name}} must be a finite number >= 0, not {noise}", "pass {name} 0 or more"
         )
     if noise == 0:
         return x

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError, UserError
 from tokenfield.particles.dynamics import Dynamics
 
 Field = Callable[[torch.Tensor], torch.Tensor]
@@ -132,7 +132,7 @@ class Adaptive:
     def __post_init__(self) -> None:
         for label, value in (("rtol", self.rtol), ("atol", self.atol)):
             if not (math.isfinite(value) and value >= 0):
-                raise UserError(f"{label} must be a finite number >= 0, not {value}")
+                raise ParameterError(label, f"{{name}} must be a finite number >= 0, not {value}")
         if self.rtol == 0 and self.atol == 0:
             raise UserError("rtol and atol cannot both be 0", "pass a positive tolerance")
         if self.max_steps < 1:
@@ -304,6 +304,29 @@ class _Recorder:
         self.frames.clear()
 
 
+def check_times(t_max: float, dt: float, t0: float = 0.0) -> tuple[float, float, float]:
+    """Check the time span and step of :func:`simulate`: all finite, ``dt > 0``,
+    ``t_max > t0``. Returns them as floats.
+
+    Raises:
+        ParameterError: naming ``t_max``, ``dt`` or ``t0``.
+    """
+    for label, value in (("dt", dt), ("t_max", t_max), ("t0", t0)):
+        if isinstance(value, bool) or not math.isfinite(float(value)):
+            raise ParameterError(label, f"{{name}} must be a finite number, not {value}")
+    t0, t_max, dt = float(t0), float(t_max), float(dt)
+    if dt <= 0:
+        raise ParameterError(
+            "dt", f"the step must be {{name}} > 0, not {dt:g}", "pass a positive {name}"
+        )
+    if t_max <= t0:
+        raise ParameterError(
+            "t_max", f"{{name}} must be greater than t0 = {t0:g}, not {t_max:g}",
+            "pass a positive {name}" if t0 == 0 else "pass a later {name}",
+        )  # fmt: skip
+    return t_max, dt, t0
+
+
 def simulate(
     dynamics: Dynamics,
     x0: Any,
@@ -351,16 +374,7 @@ def simulate(
         )
     solver = get_solver(solver)
     saveat = saveat or SaveAt(every=1)
-    for label, value in (("dt", dt), ("t_max", t_max), ("t0", t0)):
-        if isinstance(value, bool) or not math.isfinite(float(value)):
-            raise UserError(f"{label} must be a finite number, not {value}")
-    t0, t_max, dt = float(t0), float(t_max), float(dt)
-    if dt <= 0:
-        raise UserError(f"the step must be dt > 0, not {dt}", "pass a positive --dt")
-    if t_max <= t0:
-        raise UserError(
-            f"t_max must be greater than t0 = {t0}, not {t_max}", "pass a positive --t-max"
-        )
+    t_max, dt, t0 = check_times(t_max, dt, t0)
     if saveat.times is not None and (saveat.times[0] < t0 or saveat.times[-1] > t_max + 1e-12):
         raise UserError(f"save times must lie in [{t0}, {t_max}]")
     x = _prepare_x0(dynamics, x0, dtype, device)

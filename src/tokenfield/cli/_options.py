@@ -1,0 +1,157 @@
+"""What the commands share, written once: the common options, the number-list
+parser, the thread limiter, JSON output and the library-parameter -> flag map.
+
+Options (typer ``Annotated`` types): :data:`Out` (``--out/-o``, a directory),
+:data:`Overwrite`, :data:`Seed`, :data:`Device`, :data:`Json`; :func:`run_argument`
+and :func:`run_option` for commands that read one run (positional, with a hidden
+``--run`` alias where a command used to take ``--run``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tokenfield._device import DEVICES_HELP
+from tokenfield.errors import ParameterError, UserError
+
+__all__ = [
+    "Device",
+    "Json",
+    "Out",
+    "Overwrite",
+    "Seed",
+    "echo_json",
+    "flag_for",
+    "limit_threads",
+    "numbers",
+    "one_run",
+    "user_error",
+]
+
+Out = Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Replace an earlier output of this command.")
+]
+Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
+Device = Annotated[str, typer.Option("--device", help=f"{DEVICES_HELP}.")]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+# Library parameters whose flag is not "--" + the name with dashes.
+PARAM_FLAGS = {
+    "normalization": "--dynamics",
+    "n_particles": "--n",
+    "solver": "--integrator",
+    "k": "--caps",
+    "cells": "--cells",
+    "n_systems": "--systems",
+}
+
+
+def flag_for(param: str) -> str:
+    """The command-line flag that sets the library parameter ``param``."""
+    return PARAM_FLAGS.get(param, "--" + param.replace("_", "-"))
+
+
+def user_error(exc: UserError) -> UserError:
+    """A library error as the command line should say it: parameters named by
+    their flags (``beta must be finite`` -> ``--beta must be finite``)."""
+    if isinstance(exc, ParameterError):
+        return exc.named(flag_for(exc.param))
+    return exc
+
+
+def numbers(text: str, flag: str, *, integer: bool = False, ranges: bool = True) -> list[Any]:
+    """The one number-list parser: ``1,2,4``, and with ``ranges`` also ``A:B``
+    (integers A..B) or ``A:B:N`` (N points from A to B).
+
+    Raises:
+        UserError: not a list of finite numbers (or integers), or an empty one.
+    """
+    example = f"e.g. {flag} 1,2,4" + (f" or {flag} 1:100" if ranges else "")
+    try:
+        if ranges and ":" in text:
+            parts = [float(p) for p in text.split(":")]
+            if len(parts) == 2:
+                values = list(range(math.ceil(parts[0]), math.floor(parts[1]) + 1))
+            elif len(parts) == 3 and parts[2] >= 1 and parts[2] == int(parts[2]):
+                values = [float(v) for v in linspace(parts[0], parts[1], int(parts[2]))]
+            else:
+                raise ValueError
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        what = (
+            "a list like 1,2,4 or a range A:B or A:B:N" if ranges else "numbers separated by commas"
+        )
+        raise UserError(f"{flag} must be {what}, got '{text}'", example) from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise UserError(f"{flag} has no finite values: '{text}'", example)
+    if integer:
+        if any(v != int(v) for v in values):
+            raise UserError(f"{flag} must be integers, got '{text}'", example)
+        return [int(v) for v in values]
+    return [float(v) for v in values]
+
+
+def linspace(start: float, stop: float, count: int) -> list[float]:
+    """``count`` evenly spaced numbers from ``start`` to ``stop`` (both included)."""
+    if count == 1:
+        return [start]
+    return [start + (stop - start) * i / (count - 1) for i in range(count)]
+
+
+@contextlib.contextmanager
+def limit_threads(n: int = 1) -> Iterator[None]:
+    """Run the block with ``n`` torch threads (many small systems are faster on
+    one thread each); the previous count comes back on exit, even on error."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def echo_json(data: Any) -> None:
+    """Print ``data`` as JSON on stdout (numpy scalars and arrays as numbers and lists)."""
+    typer.echo(json.dumps(data, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON: {type(value)}")
+
+
+def one_run(positional: Path | None, option: Path | None, *, what: str = "RUN") -> Path:
+    """The run a command reads, given positionally or with the hidden ``--run`` alias.
+
+    Raises:
+        UserError: neither or both (and different) given.
+    """
+    if positional is not None and option is not None and positional != option:
+        raise UserError(
+            f"two runs given ('{positional}' and --run '{option}')", f"pass the {what} once"
+        )
+    run = positional if positional is not None else option
+    if run is None:
+        raise UserError(
+            f"no {what} given", f"pass it first, e.g. 'tokenfield steer runs/demo/{what.lower()}'"
+        )
+    return run
