@@ -46,10 +46,12 @@ class ProgressBar:
         completed: float = 0,
         unit: str = "",
         counter: str | None = None,
+        transient: bool = False,
     ):
         """``total`` may be ``None`` (unknown yet: see :meth:`update`). The bar is
         drawn on stderr. ``counter`` replaces the ``done/total`` count, e.g.
-        ``"t = {task.completed:.3g} / {task.total:.3g}"`` for a bar over time."""
+        ``"t = {task.completed:.3g} / {task.total:.3g}"`` for a bar over time;
+        ``transient`` removes the bar when it stops."""
         self.enabled = enabled
         self._progress: Any = None
         if not enabled:
@@ -70,7 +72,7 @@ class ProgressBar:
             TextColumn(unit),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
-            transient=False,
+            transient=transient,
             console=console(stderr=True),
         )
         self._task = self._progress.add_task(label, total=total, completed=completed)

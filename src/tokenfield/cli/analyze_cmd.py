@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import Json, echo_json
 
 
 @app.command(
@@ -57,6 +58,7 @@ def analyze_command(
             ),
         ),
     ] = "seed",
+    as_json: Json = False,
 ) -> None:
     """Measure a run: PCA paths, depth ordering, speed, separation, bifurcations.
 
@@ -93,17 +95,24 @@ def analyze_command(
             figures=figures,
             times=times,
         )
+    rows = summary_rows(metrics)
+    has_baseline = bool(metrics.get("baseline"))
+    wrote = (
+        f"wrote {run / 'metrics.json'} and {len(metrics.get('figures', []))} figure files "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
+    if as_json:
+        keys = ("measure", "run", "baseline") if has_baseline else ("measure", "run")
+        echo_json({"run": str(run), "kind": metrics["info"]["kind"],
+                   "rows": [dict(zip(keys, row, strict=False)) for row in rows]})  # fmt: skip
+        make_console(stderr=True).print(wrote)
+        return
     table = Table(title=f"{run}  ({metrics['info']['kind']})")
     table.add_column("measure")
     table.add_column("run", justify="right")
-    rows = summary_rows(metrics)
-    has_baseline = bool(metrics.get("baseline"))
     if has_baseline:
         table.add_column("baseline", justify="right")
     for name, value, base in rows:
         table.add_row(name, value, *([base or ""] if has_baseline else []))
     console.print(table)
-    console.print(
-        f"wrote {run / 'metrics.json'} and {len(metrics.get('figures', []))} figure files "
-        f"in {time.perf_counter() - started:.1f} s"
-    )
+    console.print(wrote)

@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import Json, echo_json
 from tokenfield.errors import UserError
 
 
@@ -52,6 +53,7 @@ def conformance_command(
     quick: Annotated[
         bool, typer.Option("--quick", help="Small sizes for CI (a couple of minutes).")
     ] = False,
+    as_json: Json = False,
 ) -> None:
     """Check the simulator and the theory against published results.
 
@@ -94,6 +96,13 @@ def conformance_command(
     }
     write_json_atomic(out / "conformance.json", {**meta, "items": items})
     _write_atomic(out / "conformance.html", conformance_html(items, pngs, meta).encode())
+    failed = any(item["status"] != "PASS" for item in items)
+    if as_json:
+        echo_json({**meta, "items": items})
+        console.print(f"wrote {out / 'conformance.json'} and {out / 'conformance.html'}")
+        if failed:
+            sys.exit(1)
+        return
     table = Table(title="conformance" + (" (quick)" if quick else ""))
     for column in ("item", "measured", "status", "seconds"):
         table.add_column(column, overflow="fold")
@@ -107,5 +116,5 @@ def conformance_command(
         )
     Console().print(table)
     console.print(f"wrote {out / 'conformance.json'} and {out / 'conformance.html'}")
-    if any(item["status"] != "PASS" for item in items):
+    if failed:
         sys.exit(1)

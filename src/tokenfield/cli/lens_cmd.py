@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import Json, echo_json
 
 
 @app.command(
@@ -73,6 +74,7 @@ def lens_command(
     ] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of the probes' folds and shuffles.")] = 0,
     figures: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
+    as_json: Json = False,
 ) -> None:
     """Token clouds, attention as Markov chains, effective beta, probes, logit lens.
 
@@ -135,6 +137,16 @@ def lens_command(
         bar.advance()
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
+    if as_json:  # stdout holds the JSON: theory.json (and flow.json), the rest on stderr
+        import json
+
+        data = {"theory": json.loads(path.read_text())}
+        console.print(f"[green]wrote[/green] {path}")
+        if flow:
+            flow_path = _flow(console, None, run, model, flow_eps, seed)
+            data["flow"] = json.loads(flow_path.read_text())
+        echo_json(data)
+        return
     results = make_console()
     _summary(results, result)
     results.print(f"[green]wrote[/green] {path}")
@@ -142,8 +154,9 @@ def lens_command(
         _flow(console, results, run, model, flow_eps, seed)
 
 
-def _flow(console, results, run: Path, model, eps: float, seed: int) -> None:
-    """The attention-only flow: RUN/flow.json, RUN/flow.html and a table."""
+def _flow(console, results, run: Path, model, eps: float, seed: int) -> Path:
+    """The attention-only flow: RUN/flow.json, RUN/flow.html and a table (on
+    ``results``; none when it is ``None``). Returns the path of flow.json."""
     from rich.table import Table
 
     from tokenfield.analysis.flow import attention_flow, write_flow
@@ -160,6 +173,9 @@ def _flow(console, results, run: Path, model, eps: float, seed: int) -> None:
             progress=lambda v: status.update(f"attention-only flow: {v}"),
         )  # fmt: skip
     path = write_flow(run, result)
+    if results is None:
+        console.print(f"[green]wrote[/green] {path}")
+        return path
     table = Table(title=f"attention-only flow ({result.model})")
     for column in ("layer", "flow", f"clusters@{eps:g}", "mean cos", "rank@0.999", "dist (rad)"):
         table.add_column(column, justify="right")
@@ -168,6 +184,7 @@ def _flow(console, results, run: Path, model, eps: float, seed: int) -> None:
         table.add_row(str(row[0]), row[1], *(f"{v:.3g}" for v in row[2:]))
     results.print(table)
     results.print(f"[green]wrote[/green] {path}")
+    return path
 
 
 def _summary(console, result) -> None:

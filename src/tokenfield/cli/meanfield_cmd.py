@@ -16,42 +16,12 @@ from typing import Annotated, Any
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import echo_json, limit_threads
+from tokenfield.cli._options import linspace as _linspace
+from tokenfield.cli._options import numbers as _numbers
 from tokenfield.errors import UserError
 
 DYNAMICS_HELP = "sa: softmax attention; usa: unnormalised (weights / n)."
-
-
-def _numbers(text: str, flag: str, *, integer: bool = False) -> list[float]:
-    """``1,2,4`` or ``A:B`` (integers A..B) or ``A:B:N`` (N points from A to B)."""
-    try:
-        if ":" in text:
-            parts = [float(p) for p in text.split(":")]
-            if len(parts) == 2:
-                values = list(range(math.ceil(parts[0]), math.floor(parts[1]) + 1))
-            elif len(parts) == 3 and parts[2] >= 1 and parts[2] == int(parts[2]):
-                values = [float(v) for v in _linspace(parts[0], parts[1], int(parts[2]))]
-            else:
-                raise ValueError
-        else:
-            values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(
-            f"{flag} must be a list like 1,2,4 or a range A:B or A:B:N, got '{text}'",
-            f"e.g. {flag} 1,2,4 or {flag} 1:100",
-        ) from None
-    if not values or not all(math.isfinite(v) for v in values):
-        raise UserError(f"{flag} has no finite values: '{text}'", f"e.g. {flag} 1,2,4")
-    if integer:
-        if any(v != int(v) for v in values):
-            raise UserError(f"{flag} must be integers, got '{text}'")
-        return [int(v) for v in values]
-    return [float(v) for v in values]
-
-
-def _linspace(start: float, stop: float, count: int) -> list[float]:
-    if count == 1:
-        return [start]
-    return [start + (stop - start) * i / (count - 1) for i in range(count)]
 
 
 def _dynamics(value: str) -> str:
@@ -88,17 +58,7 @@ def _emit(data: dict[str, Any], out: Path | None, name: str, as_json: bool) -> N
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / f"{name}.json", data)
     if as_json:
-        typer.echo(json.dumps(data, indent=2, default=_json_default))
-
-
-def _json_default(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON: {type(value)}")
+        echo_json(data)
 
 
 def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:
@@ -308,7 +268,6 @@ def pde_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Solve the mean-field PDE on the circle and compare it with n-particle runs (W1)."""
-    import torch
     from rich.table import Table
 
     from tokenfield._progress import console as make_console
@@ -323,16 +282,11 @@ def pde_command(
         raise UserError("--dt must be > 0 and --seeds >= 1")
     out = _out_dir(out)
     console = make_console(stderr=as_json)  # stdout holds the JSON
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with make_console(stderr=True).status("solving"):
-            result = pde_vs_particles(
-                beta, normalization=dynamics, time=time, ns=ns, times=moments, kappa=kappa,
-                cells=cells, sampling=sampling, seeds=seeds, dt=dt,
-            )  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
+    with limit_threads(1), make_console(stderr=True).status("solving"):
+        result = pde_vs_particles(
+            beta, normalization=dynamics, time=time, ns=ns, times=moments, kappa=kappa,
+            cells=cells, sampling=sampling, seeds=seeds, dt=dt,
+        )  # fmt: skip
     if not as_json:
         table = Table(title=f"W1(particles, PDE), {dynamics}, beta = {beta:g}, {sampling} start")
         table.add_column("n", justify="right")

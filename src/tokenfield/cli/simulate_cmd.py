@@ -173,14 +173,15 @@ def simulate_command(
     if integrator != "adaptive":
         _warn_large_step(console, model, x0, dt)
     counter = "t = {task.completed:.3g} / {task.total:.3g}"
-    with ProgressBar("simulate", total=t_max, counter=counter) as bar:
+    saveat = SaveAt(every=save_every)
+    with ProgressBar("simulate", total=t_max, counter=counter, transient=True) as bar:
         ds = simulate(
             model,
             x0,
             t_max=t_max,
             dt=dt,
             solver=solver,
-            saveat=SaveAt(every=save_every),
+            saveat=saveat,
             dtype=torch_dtype,
             device=torch_device,
             out=out,

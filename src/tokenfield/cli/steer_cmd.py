@@ -246,6 +246,7 @@ def eval_steering_command(
         ),
     ] = "float32",
     overwrite: Annotated[bool, typer.Option("--overwrite")] = False,
+    as_json: Json = False,
 ) -> None:
     """Does steering word problems toward the math region make the model solve them better?
 
@@ -305,7 +306,10 @@ def eval_steering_command(
     (out / "figures").mkdir(exist_ok=True)
     save(plot_accuracy(result), out / "figures" / "accuracy_vs_alpha")
     save(plot_test_summary(result), out / "figures" / "test_summary")
-    Console(soft_wrap=True).print(summary_text(result), markup=False, highlight=False)
+    if as_json:
+        echo_json(result)  # what eval.json holds
+    else:
+        Console(soft_wrap=True).print(summary_text(result), markup=False, highlight=False)
     console.print(f"wrote {out / 'eval.json'} and {out / 'figures'}")
 
 
