@@ -86,12 +86,12 @@ def test_hooks_are_removed_on_exit_even_on_error():
     def nothing(_value):
         return None
 
-    with pytest.raises(RuntimeError, match="boom"):
-        with hooks(model, [("embed", nothing), ("block.0", nothing), ("final_norm", nothing)]):
-            assert _total_hooks(model) == before + 3
-            with hook(model, "block.0", nothing, order=Order.INTERVENE):
-                assert _total_hooks(model) == before + 3  # one dispatcher per module
-            raise RuntimeError("boom")
+    pairs = [("embed", nothing), ("block.0", nothing), ("final_norm", nothing)]
+    with pytest.raises(RuntimeError, match="boom"), hooks(model, pairs):
+        assert _total_hooks(model) == before + 3
+        with hook(model, "block.0", nothing, order=Order.INTERVENE):
+            assert _total_hooks(model) == before + 3  # one dispatcher per module
+        raise RuntimeError("boom")
     assert _total_hooks(model) == before
     assert not any("_tokenfield_dispatchers" in b.__dict__ for b in model.sites.blocks)
 

@@ -9,8 +9,8 @@ import xarray as xr
 
 import tokenfield as tf
 from tests.integration.tiny import KINDS, PROMPTS, tiny_loaded
-from tokenfield.models.capture import capture_residual
 from tokenfield.models.batching import encode_prompts, pad_batch
+from tokenfield.models.capture import capture_residual
 from tokenfield.prompts import as_prompts
 
 RTOL = 1e-5  # the tolerance: traced states vs plain Hugging Face, relative

@@ -151,7 +151,5 @@ def one_run(positional: Path | None, option: Path | None, *, what: str = "RUN") 
         )
     run = positional if positional is not None else option
     if run is None:
-        raise UserError(
-            f"no {what} given", f"pass it first, e.g. 'tokenfield steer runs/demo/{what.lower()}'"
-        )
+        raise UserError(f"no {what} given", "pass the run directory as the first argument")
     return run

@@ -246,11 +246,11 @@ class ModelSpec:
 
 def _run_model_config(run: Any) -> Mapping[str, Any]:
     """The ``model`` section of a run's config (a path, a Dataset or a config)."""
-    if isinstance(run, Mapping):
-        return run.get("model", {}) or {}
-    attrs = getattr(run, "attrs", None)
+    attrs = getattr(run, "attrs", None)  # a Dataset (itself a Mapping: look here first)
     if attrs is not None and "run" in attrs:
         return attrs["run"].get("config", {}).get("model", {}) or {}
+    if isinstance(run, Mapping):
+        return run.get("model", {}) or {}
     from tokenfield.runs import read_run_info
 
     return read_run_info(run).config.get("model", {}) or {}
