@@ -115,6 +115,6 @@ def conformance_command(
             f"{item['seconds']:.1f}",
         )
     Console().print(table)
-    console.print(f"wrote {out / 'conformance.json'} and {out / 'conformance.html'}")
+    Console().print(f"wrote {out / 'conformance.json'} and {out / 'conformance.html'}")
     if failed:
         sys.exit(1)

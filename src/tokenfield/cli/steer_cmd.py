@@ -310,7 +310,8 @@ def eval_steering_command(
         echo_json(result)  # what eval.json holds
     else:
         Console(soft_wrap=True).print(summary_text(result), markup=False, highlight=False)
-    console.print(f"wrote {out / 'eval.json'} and {out / 'figures'}")
+    # results on stdout; with --json stdout holds only the JSON
+    Console(stderr=as_json).print(f"wrote {out / 'eval.json'} and {out / 'figures'}")
 
 
 def summary_text(result: dict) -> str:
