@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "load_model": "tokenfield.models.load",
     "wrap_model": "tokenfield.models.load",
     "LoadedModel": "tokenfield.models.load",
+    "ModelSpec": "tokenfield.models.load",
     "list_bundled_models": "tokenfield.models.load",
     "trace": "tokenfield.models.trace",
     "Prompt": "tokenfield.prompts",
