@@ -189,7 +189,7 @@ def _hidden_of(value: Any) -> torch.Tensor:
 def _with_hidden(value: Any, hidden: torch.Tensor) -> Any:
     if isinstance(value, torch.Tensor):
         return hidden
-    return type(value)((hidden, *value[1:])) if isinstance(value, tuple) else [hidden, *value[1:]]
+    return (hidden, *value[1:]) if isinstance(value, tuple) else [hidden, *value[1:]]
 
 
 _KEYS = itertools.count()
