@@ -147,3 +147,14 @@ def test_json_on_table_commands(tmp_path, capsys):
     assert "wrote" in err and "wrote" not in out
     code, out, _err = run_cli(["stability", "--beta", "4", "--json"], capsys)
     assert code == 0 and json.loads(out)["k_max"] >= 1
+
+
+def test_conformance_json_is_the_written_json(tmp_path, capsys):
+    out = tmp_path / "c"
+    code, stdout, err = run_cli(
+        ["conformance", "--only", "equiangular", "--quick", "--out", out, "--json"], capsys
+    )
+    assert code == 0, err
+    printed = json.loads(stdout)
+    assert printed == json.loads((out / "conformance.json").read_text())
+    assert printed["items"][0]["name"] == "equiangular" and "wrote" in err
