@@ -1,10 +1,11 @@
 """What the commands share, written once: the common options, the number-list
 parser, the thread limiter, JSON output and the library-parameter -> flag map.
 
-Options (typer ``Annotated`` types): :data:`Out` (``--out/-o``, a directory),
-:data:`Overwrite`, :data:`Seed`, :data:`Device`, :data:`Json`; :func:`run_argument`
-and :func:`run_option` for commands that read one run (positional, with a hidden
-``--run`` alias where a command used to take ``--run``).
+Options: :func:`out_option` (``--out/-o``), :func:`overwrite_option`,
+:func:`seed_option` (each with the command's own help text), :data:`Device` and
+:data:`Json` (typer ``Annotated`` types); :func:`one_run` for commands that read
+one run (positional, with a hidden ``--run`` alias where a command used to take
+``--run``).
 """
 
 from __future__ import annotations
@@ -24,22 +25,33 @@ from tokenfield.errors import ParameterError, UserError
 __all__ = [
     "Device",
     "Json",
-    "Out",
-    "Overwrite",
-    "Seed",
     "echo_json",
     "flag_for",
     "limit_threads",
     "numbers",
     "one_run",
+    "out_option",
+    "overwrite_option",
+    "seed_option",
     "user_error",
 ]
 
-Out = Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")]
-Overwrite = Annotated[
-    bool, typer.Option("--overwrite", help="Replace an earlier output of this command.")
-]
-Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
+
+def out_option(help: str = "Directory to write.") -> Any:
+    """``--out/-o``: where a command writes."""
+    return typer.Option("--out", "-o", help=help)
+
+
+def overwrite_option(help: str = "Replace an earlier output of this command.") -> Any:
+    """``--overwrite``: replace what this command wrote there before."""
+    return typer.Option("--overwrite", help=help)
+
+
+def seed_option(help: str = "Random seed.") -> Any:
+    """``--seed``."""
+    return typer.Option("--seed", help=help)
+
+
 Device = Annotated[str, typer.Option("--device", help=f"{DEVICES_HELP}.")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 

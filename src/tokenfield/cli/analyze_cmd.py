@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json
+from tokenfield.cli._options import Json, echo_json, seed_option
 
 
 @app.command(
@@ -35,7 +35,7 @@ def analyze_command(
     per_layer: Annotated[
         bool, typer.Option("--per-layer", help="Also fit one PCA per layer.")
     ] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the permutation null.")] = 0,
+    seed: Annotated[int, seed_option(help="Seed of the permutation null.")] = 0,
     permutations: Annotated[
         int, typer.Option("--permutations", help="Shuffled labelings for the null.")
     ] = 200,

@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json
+from tokenfield.cli._options import Json, echo_json, out_option
 from tokenfield.errors import UserError
 
 
@@ -46,9 +46,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     ),
 )
 def conformance_command(
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="Directory for conformance.json, .html, figures/.")
-    ],
+    out: Annotated[Path, out_option(help="Directory for conformance.json, .html, figures/.")],
     only: Annotated[str | None, typer.Option("--only", help="Run this item only.")] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Small sizes for CI (a couple of minutes).")

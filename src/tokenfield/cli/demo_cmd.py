@@ -8,15 +8,14 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import out_option
 
 SEED_SETS = ("seed-categories", "seed-spectrum")
 
 
 @app.command("demo")
 def demo_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where the demo runs go.")] = Path(
-        "runs/demo"
-    ),
+    out: Annotated[Path, out_option(help="Where the demo runs go.")] = Path("runs/demo"),
     model: Annotated[str, typer.Option("--model", "-m", help="Model to trace.")] = "smollm2",
     baseline: Annotated[
         bool,

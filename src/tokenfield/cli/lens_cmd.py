@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json
+from tokenfield.cli._options import Json, echo_json, seed_option
 
 
 @app.command(
@@ -72,7 +72,7 @@ def lens_command(
     flow_eps: Annotated[
         float, typer.Option("--flow-eps", help="Cluster threshold of the flow table.")
     ] = 0.1,
-    seed: Annotated[int, typer.Option(help="Seed of the probes' folds and shuffles.")] = 0,
+    seed: Annotated[int, seed_option(help="Seed of the probes' folds and shuffles.")] = 0,
     figures: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
     as_json: Json = False,
 ) -> None:

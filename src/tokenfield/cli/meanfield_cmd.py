@@ -16,7 +16,13 @@ from typing import Annotated, Any
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import echo_json, limit_threads
+from tokenfield.cli._options import (
+    echo_json,
+    limit_threads,
+    out_option,
+    overwrite_option,
+    seed_option,
+)
 from tokenfield.cli._options import linspace as _linspace
 from tokenfield.cli._options import numbers as _numbers
 from tokenfield.errors import UserError
@@ -97,7 +103,7 @@ def stability_command(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Figure file (.png or .svg) for --beta-range or --beta."),
+        out_option(help="Figure file (.png or .svg) for --beta-range or --beta."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
@@ -178,14 +184,12 @@ def predict_clusters_command(
     n: Annotated[int, typer.Option("--n", help="Particles on the circle.")] = 256,
     noise: Annotated[float, typer.Option(help="Angular noise of the equispaced start.")] = 1e-3,
     seeds: Annotated[int, typer.Option(help="Independent starts, batched.")] = 4,
-    seed: Annotated[int, typer.Option(help="First seed.")] = 0,
+    seed: Annotated[int, seed_option(help="First seed.")] = 0,
     growth_rates: Annotated[
         bool,
         typer.Option("--growth-rates", help="Also fit the linear-phase Fourier growth rates."),
     ] = False,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Directory for JSON + figures.")
-    ] = None,
+    out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Simulate near-equispaced starts on the circle and set the first plateau of the
@@ -262,9 +266,7 @@ def pde_command(
     sampling: Annotated[str, typer.Option(help="quantile or random particle starts.")] = "quantile",
     seeds: Annotated[int, typer.Option(help="Random starts per n (sampling random).")] = 4,
     dt: Annotated[float, typer.Option(help="Particle RK4 step.")] = 0.01,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Directory for JSON + figures.")
-    ] = None,
+    out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Solve the mean-field PDE on the circle and compare it with n-particle runs (W1)."""
@@ -312,9 +314,7 @@ def pde_command(
     ),
 )
 def phase_diagram_command(
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="Directory for the Zarr store, JSON, figure.")
-    ],
+    out: Annotated[Path, out_option(help="Directory for the Zarr store, JSON, figure.")],
     dims: Annotated[str, typer.Option(help="Dimensions d.")] = "2,8,32,128",
     betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "0:9",
     t_max: Annotated[float, typer.Option("--t-max", help="Final time.")] = 30.0,
@@ -345,14 +345,14 @@ def phase_diagram_command(
         ),
     ] = "rk4",
     pairs: Annotated[str, typer.Option(help="all pairs, or the first pair only.")] = "all",
-    seed: Annotated[int, typer.Option(help="Base seed.")] = 0,
+    seed: Annotated[int, seed_option(help="Base seed.")] = 0,
     beta_block: Annotated[int, typer.Option("--beta-block", help="Betas per task.")] = 2,
     dask: Annotated[bool, typer.Option("--dask", help="Run the tasks on a Dask cluster.")] = False,
     scheduler: Annotated[
         str | None, typer.Option(help="Address of an existing Dask scheduler.")
     ] = None,
     workers: Annotated[int, typer.Option(help="Workers of the local Dask cluster.")] = 2,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace another sweep.")] = False,
+    overwrite: Annotated[bool, overwrite_option(help="Replace another sweep.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """P(two tokens merged) over time, beta and d, with the equiangular ODE curve."""
@@ -436,9 +436,7 @@ def metastability_command(
         ),
     ] = None,
     eps: Annotated[float, typer.Option(help="Cluster threshold.")] = 1e-2,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Directory for JSON + figures.")
-    ] = None,
+    out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """First-merge times of k separated clusters against beta, and the slope of log T."""

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
+from tokenfield.cli._options import out_option
 
 
 @app.command(
@@ -20,9 +21,7 @@ from tokenfield.cli._app import app
 )
 def report_command(
     runs: Annotated[list[Path] | None, typer.Argument(help="Run directories.")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path(
-        "report.html"
-    ),
+    out: Annotated[Path, out_option(help="HTML file to write.")] = Path("report.html"),
     title: Annotated[str, typer.Option(help="Page title.")] = "tokenfield report",
     section: Annotated[
         list[Path] | None,

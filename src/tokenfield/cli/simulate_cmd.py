@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Device
+from tokenfield.cli._options import Device, out_option, overwrite_option, seed_option
 from tokenfield.errors import UserError
 
 DTYPES = ("float64", "float32")
@@ -27,7 +27,7 @@ ENSEMBLES = ("identity", "gaussian", "orthogonal", "symmetric")
     ),
 )
 def simulate_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
+    out: Annotated[Path, out_option(help="Run directory to write.")],
     dynamics: Annotated[
         str,
         typer.Option(
@@ -62,10 +62,10 @@ def simulate_command(
     noise: Annotated[
         float, typer.Option(help="Gaussian noise added to the start, then renormalised.")
     ] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seed for the start and the random matrices.")] = 0,
+    seed: Annotated[int, seed_option(help="Seed for the start and the random matrices.")] = 0,
     save_every: Annotated[int, typer.Option("--save-every", help="Keep every K-th step.")] = 1,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace a run made with another config.")
+        bool, overwrite_option(help="Replace a run made with another config.")
     ] = False,
     dtype: Annotated[str, typer.Option(help="float64 or float32.")] = "float64",
     device: Device = "cpu",

@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json, numbers, one_run
+from tokenfield.cli._options import (
+    Json,
+    echo_json,
+    numbers,
+    one_run,
+    out_option,
+    overwrite_option,
+    seed_option,
+)
 from tokenfield.errors import UserError
 
 # What steer / eval-steering write: --overwrite deletes these and nothing else.
@@ -66,12 +74,12 @@ def steer_command(
             "--layer", help="Where to add the vector: 0 = embedding, i = output of block i-1."
         ),
     ],
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="Directory for the vector, results and figures.")
-    ],
+    out: Annotated[Path, out_option(help="Directory for the vector, results and figures.")],
     run: Annotated[
         Path | None,
-        typer.Argument(help="A traced run with categories (the reference).", show_default=False),
+        typer.Argument(
+            metavar="RUN", help="A traced run with categories (the reference).", show_default=False
+        ),
     ] = None,
     run_option: Annotated[
         Path | None, typer.Option("--run", hidden=True, help="The run (old spelling of RUN).")
@@ -100,9 +108,7 @@ def steer_command(
     control_seed: Annotated[
         int, typer.Option("--control-seed", help="Seed of the random control direction.")
     ] = 0,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace an earlier steer output.")
-    ] = False,
+    overwrite: Annotated[bool, overwrite_option(help="Replace an earlier steer output.")] = False,
     as_json: Json = False,
 ) -> None:
     """Steer one category's prompts toward another's region and measure the change.
@@ -195,7 +201,7 @@ def steer_command(
     ),
 )
 def eval_steering_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for eval.json and figures.")],
+    out: Annotated[Path, out_option(help="Directory for eval.json and figures.")],
     model: Annotated[str, typer.Option("--model", "-m", help="A causal model.")] = "smollm2",
     n: Annotated[int, typer.Option("--n", help="Test problems (the only ones reported).")] = 300,
     validation: Annotated[
@@ -207,7 +213,7 @@ def eval_steering_command(
     shots: Annotated[
         int, typer.Option("--shots", help="Solved examples before each question.")
     ] = 4,
-    seed: Annotated[int, typer.Option(help="Seed of the problem set.")] = 0,
+    seed: Annotated[int, seed_option(help="Seed of the problem set.")] = 0,
     max_operand: Annotated[
         int, typer.Option("--max-operand", help="Largest operand (difficulty).")
     ] = 20,
@@ -245,7 +251,7 @@ def eval_steering_command(
             "fast on CPUs with bf16 support; answers can differ slightly).",
         ),
     ] = "float32",
-    overwrite: Annotated[bool, typer.Option("--overwrite")] = False,
+    overwrite: Annotated[bool, overwrite_option()] = False,
     as_json: Json = False,
 ) -> None:
     """Does steering word problems toward the math region make the model solve them better?

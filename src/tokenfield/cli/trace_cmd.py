@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Device
+from tokenfield.cli._options import Device, out_option, overwrite_option, seed_option
 
 
 @app.command(
@@ -20,7 +20,7 @@ from tokenfield.cli._options import Device
     ),
 )
 def trace_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
+    out: Annotated[Path, out_option(help="Run directory to write.")],
     model: Annotated[
         str,
         typer.Option(
@@ -54,7 +54,7 @@ def trace_command(
         bool,
         typer.Option("--random-weights", help="Trace a random-weight copy (the baseline)."),
     ] = False,
-    seed: Annotated[int, typer.Option(help="Seed for --random-weights.")] = 0,
+    seed: Annotated[int, seed_option(help="Seed for --random-weights.")] = 0,
     attention: Annotated[
         bool,
         typer.Option(
@@ -101,7 +101,7 @@ def trace_command(
         ),
     ] = "last",
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace a run made with another config.")
+        bool, overwrite_option(help="Replace a run made with another config.")
     ] = False,
 ) -> None:
     """Trace prompts through a model: the residual stream after every layer.
