@@ -163,3 +163,13 @@ def _wrong_depth(runs):
     )
     model = wrap_model(tr.AutoModelForCausalLM.from_config(config), tiny_tokenizer())
     theory_lens(runs / "model", model=model, permutations=0)
+
+
+def test_lens_json_is_what_theory_json_holds(runs, capsys):
+    import json
+
+    main(["lens", str(runs / "model"), "--no-figures", "--permutations", "2", "--json"])
+    out = capsys.readouterr()
+    printed = json.loads(out.out)  # stdout holds only the JSON; "wrote" and notes on stderr
+    assert printed["theory"] == json.loads((runs / "model" / "theory.json").read_text())
+    assert "wrote" in out.err
