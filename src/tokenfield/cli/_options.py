@@ -80,14 +80,16 @@ def user_error(exc: UserError) -> UserError:
     return exc
 
 
-def numbers(text: str, flag: str, *, integer: bool = False, ranges: bool = True) -> list[Any]:
+def numbers(
+    text: str, flag: str, *, integer: bool = False, ranges: bool = True, example: str = "1,2,4"
+) -> list[Any]:
     """The one number-list parser: ``1,2,4``, and with ``ranges`` also ``A:B``
     (integers A..B) or ``A:B:N`` (N points from A to B).
 
     Raises:
         UserError: not a list of finite numbers (or integers), or an empty one.
     """
-    example = f"e.g. {flag} 1,2,4" + (f" or {flag} 1:100" if ranges else "")
+    example = f"e.g. {flag} {example}" + (f" or {flag} 1:100" if ranges else "")
     try:
         if ranges and ":" in text:
             parts = [float(p) for p in text.split(":")]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json, seed_option
+from tokenfield.cli._options import Json, echo_json, numbers, seed_option
 
 
 @app.command(
@@ -92,12 +92,11 @@ def lens_command(
     read_run_info(run)  # a clear error before any work
     if baseline is not None:
         read_run_info(baseline)
-    try:
-        extra = tuple(float(v) for v in more_eps.split(",") if v.strip())
-    except ValueError:
-        raise UserError(
-            f"--more-eps '{more_eps}' is not a list of numbers", "write e.g. 0.1,0.3"
-        ) from None
+    extra = (
+        tuple(numbers(more_eps, "--more-eps", ranges=False, example="0.1,0.3"))
+        if more_eps.strip()
+        else ()
+    )
     if permutations < 0:
         raise UserError(f"--permutations must be >= 0, got {permutations}")
     console = make_console(stderr=True)  # progress and notes; results go to stdout

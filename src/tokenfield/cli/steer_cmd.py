@@ -127,7 +127,7 @@ def steer_command(
     from tokenfield.steering.vectors import SteeringVector, steering_vector
 
     run = one_run(run, run_option)
-    alphas = numbers(alpha, "--alpha", ranges=False)
+    alphas = numbers(alpha, "--alpha", ranges=False, example="0.5,1,2")
     if positions not in ("last", "all"):
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
     ds = open_run(run).load()
@@ -270,8 +270,10 @@ def eval_steering_command(
     from tokenfield.runs import write_json_atomic
     from tokenfield.steering.evaluate import evaluate_steering
 
-    alpha_list = numbers(alphas, "--alphas", ranges=False)
-    layer_list = numbers(layers, "--layers", integer=True, ranges=False) if layers else None
+    alpha_list = numbers(alphas, "--alphas", ranges=False, example="0.5,1,2")
+    layer_list = (
+        numbers(layers, "--layers", integer=True, ranges=False, example="8,15") if layers else None
+    )
     template_list = [t.strip() for t in templates.split(",") if t.strip()]
     from tokenfield.steering.problems import make_splits
 
