@@ -194,7 +194,6 @@ def predict_clusters_command(
 ) -> None:
     """Simulate near-equispaced starts on the circle and set the first plateau of the
     cluster count beside k_max(beta) (USA in rescaled time)."""
-    import torch
     from rich.table import Table
 
     from tokenfield._progress import ProgressBar
@@ -209,24 +208,19 @@ def predict_clusters_command(
         raise UserError("need --n >= 4, --seeds >= 1 and --noise in (0, 1)")
     out = _out_dir(out)
     console = make_console(stderr=as_json)  # stdout holds the JSON
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     steps = len(norms) * len(values) * (2 if growth_rates else 1)
-    try:
-        with ProgressBar("simulating", total=steps, unit="experiments") as bar:
-            prediction = cluster_prediction(
-                values, normalizations=norms, n_particles=n, noise=noise, seeds=seeds, seed=seed,
-                progress=bar.advance,
-            )  # fmt: skip
-            fits = []
-            if growth_rates:
-                bar.update(label="growth rates")
-            for m in norms if growth_rates else ():
-                for b in values:
-                    fits.append(growth_rate_experiment(b, normalization=m, n_particles=n))
-                    bar.advance()
-    finally:
-        torch.set_num_threads(threads)
+    with limit_threads(1), ProgressBar("simulating", total=steps, unit="experiments") as bar:
+        prediction = cluster_prediction(
+            values, normalizations=norms, n_particles=n, noise=noise, seeds=seeds, seed=seed,
+            progress=bar.advance,
+        )  # fmt: skip
+        fits = []
+        if growth_rates:
+            bar.update(label="growth rates")
+        for m in norms if growth_rates else ():
+            for b in values:
+                fits.append(growth_rate_experiment(b, normalization=m, n_particles=n))
+                bar.advance()
     rows = prediction.rows()
     data = {"rows": rows, "growth_rates": [f.to_dict() for f in fits]}
     if not as_json:
@@ -440,7 +434,6 @@ def metastability_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """First-merge times of k separated clusters against beta, and the slope of log T."""
-    import torch
     from rich.table import Table
 
     from tokenfield._progress import console as make_console
@@ -453,17 +446,12 @@ def metastability_command(
     cap_centres(caps, dim)
     out = _out_dir(out)
     console = make_console(stderr=as_json)  # stdout holds the JSON
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with make_console(stderr=True).status("simulating"):
-            result = metastability(
-                values, k=caps, dim=dim, per_cap=per_cap, cap_radius=cap_radius,
-                normalization=dynamics, time=time, seeds=seeds, eps=eps, t_cap=t_cap,
-                fit_min_beta=fit_from,
-            )  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
+    with limit_threads(1), make_console(stderr=True).status("simulating"):
+        result = metastability(
+            values, k=caps, dim=dim, per_cap=per_cap, cap_radius=cap_radius,
+            normalization=dynamics, time=time, seeds=seeds, eps=eps, t_cap=t_cap,
+            fit_min_beta=fit_from,
+        )  # fmt: skip
     if not as_json:
         table = Table(title=f"first merge of {caps} caps, d = {dim}, {dynamics} ({time} time)")
         for column in ("beta", "first merge (seeds)", "median"):
