@@ -158,3 +158,17 @@ def test_conformance_json_is_the_written_json(tmp_path, capsys):
     printed = json.loads(stdout)
     assert printed == json.loads((out / "conformance.json").read_text())
     assert printed["items"][0]["name"] == "equiangular" and "wrote" in err
+
+
+def test_trace_options_are_checked_once_in_the_library(tmp_path, capsys):
+    from tokenfield.models.trace import check_trace_options
+
+    with pytest.raises(ParameterError, match=r"^unknown positions 'middle'; use 'last' or 'all'"):
+        check_trace_options(positions="middle")
+    with pytest.raises(ParameterError, match=r"^batch_size must be at least 1, got 0"):
+        check_trace_options(batch_size=0)
+    with pytest.raises(ParameterError, match="steer all positions: pass steer_positions all"):
+        check_trace_options(generate=2, steer_positions="last")
+    code, _out, err = run_cli(["trace", "--batch-size", "0", "--out", tmp_path / "t"], capsys)
+    assert code == 2 and "--batch-size must be at least 1, got 0; pass e.g. --batch-size 8" in err
+    assert not (tmp_path / "t").exists()  # refused before the model is loaded

@@ -113,33 +113,23 @@ def trace_command(
     """
     from tokenfield._progress import console as make_console
     from tokenfield.models.load import ModelSpec
-    from tokenfield.models.trace import trace
+    from tokenfield.models.trace import check_trace_options, trace
     from tokenfield.prompts import load_prompts
     from tokenfield.runs import check_writable_dir
 
     console = make_console(stderr=True)  # progress; the result goes to stdout
     prompt_list = load_prompts(prompts)  # bad prompt input fails before any loading
-    if positions not in ("last", "all"):
-        from tokenfield.errors import UserError
-
-        raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
-    if generate < 0:
-        from tokenfield.errors import UserError
-
-        raise UserError(f"--generate must be 0 or more, got {generate}", "pass e.g. --generate 8")
+    # the library's own checks, before anything is loaded or written
+    check_trace_options(
+        positions=positions,
+        batch_size=batch_size,
+        generate=generate,
+        steer_positions=None if steer is None else steer_positions,
+    )
     steering = None
     if steer is not None:
-        from tokenfield.errors import UserError
         from tokenfield.steering.vectors import SteeringVector
 
-        if steer_positions not in ("last", "all"):
-            raise UserError(f"unknown --steer-positions '{steer_positions}'", "use 'last' or 'all'")
-        if generate and steer_positions != "all":
-            raise UserError(
-                "--generate with --steer-positions last would steer another token in each "
-                "generation step than in the trace",
-                "pass --steer-positions all",
-            )
         steering = (SteeringVector.load(steer), alpha, steer_positions)
     spec = ModelSpec(
         model,

@@ -43,7 +43,7 @@ import torch
 import xarray as xr
 
 from tokenfield._progress import ProgressBar
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError
 from tokenfield.models.attention import AttentionCapture, capture_attention, eager_attention
 from tokenfield.models.batching import (
     Encoded,
@@ -59,7 +59,14 @@ from tokenfield.models.tokens import token_piece
 from tokenfield.prompts import Prompt, load_prompts
 from tokenfield.runs import CONFIG_ATTR, TRAJECTORY, RunWriter, open_run, strings
 
-__all__ = ["trace", "encode_prompts", "forward_last", "pad_batch", "Positions"]
+__all__ = [
+    "trace",
+    "check_trace_options",
+    "encode_prompts",
+    "forward_last",
+    "pad_batch",
+    "Positions",
+]
 
 
 def _sha256(values: np.ndarray) -> str:
@@ -276,6 +283,47 @@ def _lens_variables(
     }
 
 
+def check_trace_options(
+    *,
+    positions: str = "last",
+    batch_size: int = 8,
+    generate: int = 0,
+    steer_positions: str | None = None,
+) -> None:
+    """Check the options of :func:`trace` that need no model (the CLI calls it
+    before loading one; :func:`trace` calls it first thing).
+
+    Args:
+        steer_positions: the positions of the ``steer`` argument (``None``: no steering).
+
+    Raises:
+        ParameterError: naming ``positions``, ``batch_size``, ``generate`` or
+            ``steer_positions``.
+    """
+    if positions not in ("last", "all"):
+        raise ParameterError("positions", f"unknown {{name}} '{positions}'", "use 'last' or 'all'")
+    if batch_size < 1:
+        raise ParameterError(
+            "batch_size", f"{{name}} must be at least 1, got {batch_size}", "pass e.g. {name} 8"
+        )
+    if generate < 0:
+        raise ParameterError(
+            "generate", f"{{name}} must be 0 or more, got {generate}", "pass e.g. {name} 8"
+        )
+    if steer_positions is not None:
+        if steer_positions not in ("last", "all"):
+            raise ParameterError(
+                "steer_positions", f"unknown {{name}} '{steer_positions}'", "use 'last' or 'all'"
+            )
+        if generate and steer_positions != "all":
+            raise ParameterError(
+                "steer_positions",
+                "steering the last position while generating would steer another token in "
+                "each generation step than in the trace",
+                "steer all positions: pass {name} all",
+            )
+
+
 def trace(
     model: LoadedModel,
     prompts: str | Path | Sequence[Prompt | str],
@@ -356,24 +404,28 @@ def trace(
         lens_k), ``lens_rank`` (time, particle; 1 = the final prediction is the
         top token, -1 = not a last token) and ``lens_target`` (particle).
     """
-    if positions not in ("last", "all"):
-        raise UserError(f"unknown positions '{positions}'", "use 'last' or 'all'")
-    if batch_size < 1:
-        raise UserError(f"batch size must be at least 1, got {batch_size}", "pass --batch-size 8")
+    check_trace_options(
+        positions=positions,
+        batch_size=batch_size,
+        generate=generate,
+        steer_positions=None if steer is None else steer[2],
+    )
     if logit_lens:
         if not model.causal or model.model.get_output_embeddings() is None:
-            raise UserError(
+            raise ParameterError(
+                "logit_lens",
                 f"model '{model.name}' has no unembedding, so it has no logit lens",
-                "drop --logit-lens for this model",
+                "drop {name} for this model",
             )
         if lens_k < 1:
-            raise UserError(f"lens_k must be at least 1, got {lens_k}", "pass e.g. lens_k=5")
-    if generate < 0:
-        raise UserError(f"generate must be 0 or more, got {generate}", "pass e.g. --generate 8")
+            raise ParameterError(
+                "lens_k", f"{{name}} must be at least 1, got {lens_k}", "pass e.g. {name} 5"
+            )
     if generate and not model.causal:
-        raise UserError(
+        raise ParameterError(
+            "generate",
             f"model '{model.name}' is not a causal language model, so it cannot generate",
-            "drop --generate for this model",
+            "drop {name} for this model",
         )
     prompt_list = load_prompts(prompts)
     encoded = encode_prompts(model, prompt_list, chat=chat, truncate=truncate)
@@ -397,12 +449,6 @@ def trace(
         config["generate"] = {"max_new_tokens": generate, "decoding": "greedy"}
     if steer is not None:
         vector, alpha, steer_positions = steer
-        if generate and steer_positions != "all":
-            raise UserError(
-                "steering the last position while generating would steer another token in "
-                "each generation step than in the trace",
-                "steer all positions (--steer-positions all) with --generate",
-            )
         vector.check_model(model)
         config["steering"] = {
             "layer": int(vector.layer),
