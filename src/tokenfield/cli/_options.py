@@ -64,6 +64,7 @@ PARAM_FLAGS = {
     "k": "--caps",
     "cells": "--cells",
     "n_systems": "--systems",
+    "every": "--save-every",
 }
 
 

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy.special import ive
 
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError, UserError
 
 Limiter = Literal["mc", "vanleer", "minmod"]
 TWO_PI = 2 * math.pi
@@ -80,7 +80,9 @@ class CirclePDE:
         if self.time not in ("paper", "rescaled"):
             raise UserError(f"unknown time convention {self.time!r}", "use paper or rescaled")
         if int(self.cells) < 8:
-            raise UserError(f"cells must be >= 8, not {self.cells}", "pass e.g. --cells 2048")
+            raise ParameterError(
+                "cells", f"{{name}} must be >= 8, not {self.cells}", "pass e.g. {name} 2048"
+            )
         if not (0 < self.cfl <= 0.5):
             raise UserError(f"cfl must be in (0, 0.5], not {self.cfl}")
         if self.limiter not in ("mc", "vanleer", "minmod"):

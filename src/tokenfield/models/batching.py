@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError, UserError
 from tokenfield.models.load import LoadedModel
 from tokenfield.prompts import Prompt
 
@@ -44,7 +44,9 @@ def encode_prompts(
     """
     tokenizer = model.tokenizer
     if chat and not getattr(tokenizer, "chat_template", None):
-        raise UserError(f"model '{model.name}' has no chat template", "drop --chat for this model")
+        raise ParameterError(
+            "chat", f"model '{model.name}' has no chat template", "drop {name} for this model"
+        )
     limit = model.max_positions
     encoded = []
     for number, prompt in enumerate(prompts, start=1):
@@ -61,10 +63,11 @@ def encode_prompts(
             raise UserError(f"prompt #{number} encodes to no tokens", "give it some text")
         if limit and len(ids) > limit:
             if not truncate:
-                raise UserError(
+                raise ParameterError(
+                    "truncate",
                     f"prompt #{number} has {len(ids)} tokens, more than the model's "
                     f"context of {limit}",
-                    f"shorten it, or pass --truncate to keep its last {limit} tokens",
+                    f"shorten it, or pass {{name}} to keep its last {limit} tokens",
                 )
             ids = ids[-limit:]
         encoded.append(Encoded(prompt, list(ids)))

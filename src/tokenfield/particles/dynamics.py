@@ -340,10 +340,12 @@ class Dynamics:
         if x.ndim < 2:
             raise UserError(f"states must be (..., n, d), got shape {tuple(x.shape)}")
         if x.shape[-2] < 1:
-            raise UserError("there must be at least one particle (n >= 1)", "pass --n 1 or more")
+            raise ParameterError(
+                "n", "there must be at least one particle (n >= 1)", "pass {name} 1 or more"
+            )
         if x.shape[-1] < 2:
-            raise UserError(
-                f"the dimension must be d >= 2, not {x.shape[-1]}", "pass --dim 2 or more"
+            raise ParameterError(
+                "dim", f"the dimension must be d >= 2, not {x.shape[-1]}", "pass {name} 2 or more"
             )
         if self.dim is not None and x.shape[-1] != self.dim:
             raise UserError(
@@ -460,7 +462,9 @@ def random_matrices(
         ``(H, d, d)`` or ``(L, H, d, d)``.
     """
     if dim < 2:
-        raise UserError(f"the dimension must be d >= 2, not {dim}", "pass --dim 2 or more")
+        raise ParameterError(
+            "dim", f"the dimension must be d >= 2, not {dim}", "pass {name} 2 or more"
+        )
     if heads < 1 or (layers is not None and layers < 1):
         raise UserError("heads and layers must be >= 1")
     if not math.isfinite(scale):

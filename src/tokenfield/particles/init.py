@@ -116,7 +116,9 @@ def caps(
     """
     _check_size(n, d)
     if int(k) < 1:
-        raise UserError(f"the number of caps must be >= 1, not {k}", "pass --caps 1 or more")
+        raise ParameterError(
+            "k", f"the number of caps must be >= 1, not {k}", "pass {name} 1 or more"
+        )
     if not (0.0 <= cap_radius < math.pi / 2):
         raise UserError(f"cap_radius must be in [0, pi/2), not {cap_radius}")
     gen = torch.Generator().manual_seed(int(seed))

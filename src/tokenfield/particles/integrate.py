@@ -191,8 +191,8 @@ class SaveAt:
         if self.every is None and self.times is None:
             object.__setattr__(self, "every", 1)
         if self.every is not None and (isinstance(self.every, bool) or int(self.every) < 1):
-            raise UserError(
-                f"save every must be >= 1, not {self.every}", "pass --save-every 1 or more"
+            raise ParameterError(
+                "every", f"{{name}} must be >= 1, not {self.every}", "pass {name} 1 or more"
             )
         if self.times is not None:
             times = tuple(sorted(float(t) for t in self.times))
