@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -50,7 +50,16 @@ from torch import nn
 
 from tokenfield.models.sites import ModelSites, attention_modules
 
-__all__ = ["Order", "hook", "hooks", "resolve_site", "site_for_time", "Site"]
+__all__ = [
+    "Order",
+    "Site",
+    "add_to_residual",
+    "hook",
+    "hooks",
+    "resolve_site",
+    "shift",
+    "site_for_time",
+]
 
 #: ``fn(value) -> None | replacement``
 HookFn = Callable[[Any], Any]
@@ -240,3 +249,38 @@ def hooks(
     finally:
         for dispatcher, key in reversed(registered):
             dispatcher.remove(key)
+
+
+def shift(hidden: torch.Tensor, delta: torch.Tensor, positions: str = "last") -> torch.Tensor:
+    """``hidden`` ``(batch, seq, d)`` plus ``delta`` (``(d,)``, or ``(batch, d)``: one
+    per row) at the last column (``"last"``) or at every position (``"all"``)."""
+    delta = delta.to(device=hidden.device, dtype=hidden.dtype)
+    if positions == "all":
+        return hidden + (delta[:, None, :] if delta.dim() == 2 else delta)
+    shifted = hidden.clone()
+    shifted[:, -1, :] = shifted[:, -1, :] + delta
+    return shifted
+
+
+@contextlib.contextmanager
+def add_to_residual(
+    target: Any, deltas: Mapping[int, torch.Tensor], *, positions: str = "last"
+) -> Iterator[None]:
+    """Add ``deltas[time]`` to the residual stream at the site of run ``time``
+    (:func:`site_for_time`) inside the block, as interventions (:func:`shift`).
+
+    The mechanism of steering (:mod:`tokenfield.steering.hooks`); states at
+    earlier times are untouched.
+
+    Raises:
+        ValueError: ``positions`` is not ``"last"`` or ``"all"``.
+    """
+    if positions not in ("last", "all"):
+        raise ValueError(f"positions must be 'last' or 'all', not {positions!r}")
+
+    def add(delta: torch.Tensor) -> HookFn:
+        return lambda hidden: shift(hidden, delta, positions)
+
+    pairs = [(site_for_time(int(time)), add(delta)) for time, delta in deltas.items()]
+    with hooks(target, pairs, order=Order.INTERVENE):
+        yield

@@ -53,6 +53,7 @@ from tokenfield.models.batching import (
     pad_batch,
 )
 from tokenfield.models.capture import capture_residual, logit_lens
+from tokenfield.models.hooks import add_to_residual
 from tokenfield.models.load import LoadedModel
 from tokenfield.models.sites import site_names
 from tokenfield.models.tokens import token_piece
@@ -483,10 +484,12 @@ def trace(
         if writer is not None:
             stack.callback(writer.close)  # the lock goes however the loop ends
         stack.enter_context(bar)
-        if steer is not None:
-            from tokenfield.steering.hooks import steering
-
-            stack.enter_context(steering(model, steer[0], steer[1], positions=steer[2]))
+        if steer is not None:  # checked above (vector.check_model): add alpha * vector
+            vector, alpha, steer_positions = steer
+            delta = float(alpha) * torch.from_numpy(np.asarray(vector.vector))
+            stack.enter_context(
+                add_to_residual(model, {int(vector.layer): delta}, positions=steer_positions)
+            )
         capture = stack.enter_context(capture_residual(model.sites))
         reducer: AttentionCapture | None = None
         if attention:

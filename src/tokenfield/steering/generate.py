@@ -18,7 +18,7 @@ import torch
 from tokenfield.errors import UserError
 from tokenfield.models.batching import encode_prompts, forward_last, pad_batch
 from tokenfield.models.cascade import SharedKV, cascade
-from tokenfield.models.hooks import Order, hooks, site_for_time
+from tokenfield.models.hooks import Order, add_to_residual, hooks
 from tokenfield.models.sites import site_names
 from tokenfield.prompts import as_prompts
 
@@ -158,24 +158,6 @@ class Condition:
 
 def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-@contextlib.contextmanager
-def _row_steering(model: Any, deltas: dict[int, torch.Tensor]) -> Iterator[None]:
-    """Add ``deltas[layer][row]`` to each row's last column at ``layer`` (time convention
-    of :mod:`~tokenfield.steering.hooks`); rows of other conditions get exact zeros."""
-
-    def shift(delta: torch.Tensor):
-        def add(hidden: torch.Tensor) -> torch.Tensor:
-            shifted = hidden.clone()
-            shifted[:, -1, :] = shifted[:, -1, :] + delta.to(hidden.device, hidden.dtype)
-            return shifted
-
-        return add
-
-    pairs = [(site_for_time(layer), shift(delta)) for layer, delta in deltas.items()]
-    with hooks(model, pairs, order=Order.INTERVENE):
-        yield
 
 
 def _common_prefix(token_lists: Sequence[Sequence[int]]) -> int:
@@ -385,7 +367,10 @@ def answer_conditions(
                     middle_positions=mid_positions if middle_kv is not None else None,
                     conditions=c,
                 )
-                with cascade(model.model, levels), _row_steering(model, deltas):
+                with (
+                    cascade(model.model, levels),
+                    add_to_residual(model, deltas),
+                ):  # row by row, last column
                     out = decode(
                         DynamicCache(), None, last_ids.repeat(c, 1), last_positions.repeat(c, 1),
                         store,

@@ -22,19 +22,10 @@ from typing import Any, Literal
 import torch
 
 from tokenfield.errors import UserError
-from tokenfield.models.hooks import Order, hook, site_for_time
+from tokenfield.models.hooks import add_to_residual
 from tokenfield.steering.vectors import SteeringVector
 
 __all__ = ["steering"]
-
-
-def _shift(hidden: torch.Tensor, delta: torch.Tensor, positions: str) -> torch.Tensor:
-    delta = delta.to(device=hidden.device, dtype=hidden.dtype)
-    if positions == "all":
-        return hidden + delta
-    shifted = hidden.clone()
-    shifted[:, -1, :] = shifted[:, -1, :] + delta
-    return shifted
 
 
 @contextlib.contextmanager
@@ -66,10 +57,5 @@ def steering(
     if check:
         vector.check_model(model)
     delta = alpha * torch.from_numpy(vector.vector)
-    with hook(
-        model,
-        site_for_time(vector.layer),
-        lambda hidden: _shift(hidden, delta, positions),
-        order=Order.INTERVENE,
-    ):
+    with add_to_residual(model, {vector.layer: delta}, positions=positions):
         yield
