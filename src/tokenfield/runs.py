@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,8 +34,10 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import _json_default, write_json_atomic
 from tokenfield._lock import LOCK_NAME, WriterLock
 from tokenfield._lock import acquire as acquire_lock
+from tokenfield._version import __version__
 from tokenfield.errors import UserError
 
 RUN_JSON = "run.json"
@@ -54,43 +55,7 @@ Status = Literal["partial", "complete"]
 
 
 def _version() -> str:
-    from tokenfield import __version__
-
     return __version__
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and an atomic rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        with os.fdopen(fd, "w") as handle:
-            json.dump(obj, handle, indent=2, sort_keys=False, default=_json_default)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
 
 
 def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:

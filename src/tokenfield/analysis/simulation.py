@@ -9,12 +9,12 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import to_jsonable
 from tokenfield.analysis.clusters import (
     DEFAULT_EPS,
     clusters,
@@ -57,7 +57,7 @@ def _bilinear(dynamics: dict[str, Any]) -> np.ndarray | None:
 
 
 def _finite(values: np.ndarray) -> list[float | None]:
-    return [float(v) if math.isfinite(v) else None for v in np.asarray(values, dtype=float)]
+    return to_jsonable(np.asarray(values, dtype=float))
 
 
 def _frame_indices(size: int, max_frames: int | None) -> np.ndarray:

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenfield._io import to_jsonable
 from tokenfield.errors import UserError
 
 # Field norm below which an end state that is not one cluster counts as a
@@ -82,25 +83,8 @@ class ItemResult:
             "tolerance": self.tolerance,
             "status": self.status,
             "seconds": round(float(self.seconds), 3),
-            "details": _jsonable(self.details),
+            "details": to_jsonable(self.details),
         }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, (np.floating, float)):
-        v = float(value)
-        return v if math.isfinite(v) else None
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
 
 
 def _simulate(beta, x0, *, normalization="usa", time="paper", t_max, dt, solver="rk4", times):

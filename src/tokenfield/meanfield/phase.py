@@ -41,6 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import to_jsonable
 from tokenfield.errors import UserError
 
 VARIABLE = "merged_probability"
@@ -445,4 +446,4 @@ def summarize(ds: xr.Dataset) -> dict[str, Any]:
 
 
 def _finite(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
+    return to_jsonable(float(value))
