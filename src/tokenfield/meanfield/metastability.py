@@ -34,7 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from tokenfield.analysis.clusters import cluster_count, count_changes
 from tokenfield.errors import UserError
+from tokenfield.particles import Adaptive, Dynamics, SaveAt, simulate
+from tokenfield.particles.init import caps
 
 
 def cap_centres(k: int, dim: int) -> np.ndarray:
@@ -79,10 +82,6 @@ def first_merge_times(
     ``1 %``; stops when every seed has merged.
     """
     import torch
-
-    from tokenfield.analysis.clusters import cluster_count, count_changes
-    from tokenfield.particles import Adaptive, Dynamics, SaveAt, simulate
-    from tokenfield.particles.init import caps
 
     if k < 2:
         raise UserError(f"metastability needs k >= 2 caps, not {k}")

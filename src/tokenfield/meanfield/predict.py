@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenfield.analysis.clusters import cluster_count, plateaus
 from tokenfield.errors import UserError
 from tokenfield.meanfield.stability import (
     Normalization,
@@ -39,6 +40,8 @@ from tokenfield.meanfield.stability import (
     growth_rates,
     stability_spectrum,
 )
+from tokenfield.particles import Dynamics, SaveAt, simulate
+from tokenfield.particles.init import add_noise, equispaced
 
 # USA runs in rescaled time; SA is the same in both conventions.
 TIME = "rescaled"
@@ -46,8 +49,6 @@ TIME = "rescaled"
 
 def _equispaced_start(n: int, noise: float, seeds: int, seed: int):
     import torch
-
-    from tokenfield.particles.init import add_noise, equispaced
 
     starts = [add_noise(equispaced(n, 2), noise, seed=seed + s) for s in range(seeds)]
     return torch.stack(starts)  # (seeds, n, 2)
@@ -118,8 +119,6 @@ class FirstPlateau:
 def first_plateau(counts: np.ndarray, times: np.ndarray, min_duration: float):
     """The first :func:`~tokenfield.analysis.clusters.plateaus` entry lasting at
     least ``min_duration`` whose count differs from the starting count, or ``None``."""
-    from tokenfield.analysis.clusters import plateaus
-
     start_count = int(counts[0])
     for plateau in plateaus(counts, times, min_duration=min_duration):
         if plateau.count != start_count:
@@ -160,9 +159,6 @@ def first_plateau_experiment(
         dt: RK4 step (default ``min(0.25, 0.1 / lambda_max)``).
     """
     import torch
-
-    from tokenfield.analysis.clusters import cluster_count
-    from tokenfield.particles import Dynamics, SaveAt, simulate
 
     if n_particles < 2 or seeds < 1:
         raise UserError("first_plateau_experiment needs n_particles >= 2 and seeds >= 1")
@@ -300,8 +296,6 @@ def growth_rate_experiment(
         dt: RK4 step (default ``0.05 / lambda_max``; the RK4 error in a rate is
             ``O(lambda^5 dt^4)``).
     """
-    from tokenfield.particles import Dynamics, SaveAt, simulate
-
     spectrum = stability_spectrum(beta, normalization=normalization, time=TIME)
     top = spectrum.top_rate
     if top <= 0:

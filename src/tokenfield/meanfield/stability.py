@@ -69,6 +69,7 @@ import numpy as np
 from scipy.special import gammaln, ive
 
 from tokenfield.errors import UserError
+from tokenfield.particles.dynamics import Dynamics
 
 Normalization = Literal["sa", "usa"]
 TimeConvention = Literal["paper", "rescaled"]
@@ -434,8 +435,6 @@ def equispaced_jacobian(
     """
     import torch
 
-    from tokenfield.particles.dynamics import Dynamics
-
     beta, _ = _check(beta, 2, normalization, time)
     dynamics = Dynamics(beta=beta, normalization=normalization, time=time)
 
@@ -461,8 +460,6 @@ def circle_jacobian(
     spectrum decides stability: one zero eigenvalue (rotations) and, for a stable
     point, every other one negative."""
     import torch
-
-    from tokenfield.particles.dynamics import Dynamics
 
     beta, _ = _check(beta, 2, normalization, time)
     dynamics = Dynamics(beta=beta, normalization=normalization, time=time)
