@@ -14,13 +14,13 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["to_jsonable", "umask", "write_atomic", "write_json_atomic"]
+__all__ = ["atomic_path", "dumps", "to_jsonable", "umask", "write_atomic", "write_json_atomic"]
 
 
 def umask() -> int:
@@ -49,6 +49,24 @@ def write_atomic(path: str | Path, content: str | bytes, *, encoding: str = "utf
             os.unlink(tmp)
         raise
     return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
+    """For a library that writes a file itself (``np.savez``, a GIF writer,
+    safetensors): yields a temporary path beside ``path`` (ending in ``suffix``, so
+    the format is inferred as for ``path``) and renames it onto ``path`` when the
+    block ends without an error; on an error the temporary file is removed and
+    ``path`` is untouched."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _json_default(value: Any) -> Any:

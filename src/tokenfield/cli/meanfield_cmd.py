@@ -82,23 +82,13 @@ def _out_dir(out: Path | None, *, lock: bool = True) -> Path | None:
 
 
 def _emit(data: dict[str, Any], out: Path | None, name: str, as_json: bool) -> None:
-    from tokenfield.runs import write_json_atomic
+    from tokenfield._io import dumps, write_json_atomic
 
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / f"{name}.json", data)
     if as_json:
-        typer.echo(json.dumps(data, indent=2, default=_json_default))
-
-
-def _json_default(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON: {type(value)}")
+        typer.echo(dumps(data))
 
 
 def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:

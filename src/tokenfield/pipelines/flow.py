@@ -10,7 +10,6 @@ import contextlib
 import copy
 import io
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from tokenfield._io import write_atomic
 from tokenfield.analysis.clusters import _check_eps
 from tokenfield.analysis.flow import (
     FLOW_FIGURE,
@@ -224,7 +224,5 @@ def write_flow(run: Any, flow: AttentionFlow) -> Any:
     for name, content in ((Path("figures") / FLOW_FIGURE, buffer.getvalue()),
                           (Path(FLOW_HTML), f"<section>{flow_html_section(data, buffer.getvalue())}"
                                             "</section>\n".encode()),):  # fmt: skip
-        tmp = run / name.parent / f".{name.name}.tmp"
-        tmp.write_bytes(content)
-        os.replace(tmp, run / name)
+        write_atomic(run / name, content)
     return run / FLOW_JSON

@@ -17,11 +17,9 @@ wrote (``RUN/figures/theory_*.png``) are shown either way.
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime as _dt
 import html
 import json
-import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import write_atomic
 from tokenfield.analysis.projection import (
     PROJECTION_NPZ,
     Projection,
@@ -212,18 +211,7 @@ def write_report(
         "</body></html>\n"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(page)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a report is for sharing
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(out, page)  # the usual mode: a report is for sharing
     return out
 
 
