@@ -84,7 +84,7 @@ class RunInfo:
     def complete(self) -> bool:
         return self.status == "complete"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "status": self.status,
@@ -94,6 +94,8 @@ class RunInfo:
             **({"all_chunks_written": True} if self.all_chunks else {}),
             **({"weights_sha256": self.weights_sha256} if self.weights_sha256 else {}),
         }
+
+    to_json = to_dict  # the old name of the one serialisation verb
 
 
 def _user_files(path: Path) -> list[str]:
@@ -197,7 +199,7 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     # plain numpy arrays; the states stay lazy.
     for name in list(ds.coords):
         ds.coords[name] = ds.coords[name].load()
-    ds.attrs["run"] = info.to_json()
+    ds.attrs["run"] = info.to_dict()
     return ds
 
 
@@ -408,7 +410,7 @@ class RunWriter:
                 all_chunks=True,
                 weights_sha256=weights,
             )
-            write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+            write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
         else:
             self.info = existing
             if not existing.complete:
@@ -504,7 +506,7 @@ class RunWriter:
         size = int(self.info.progress.get("size", 0)) + int(piece.sizes[self.append_dim])
         keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
         self.info.progress = {**progress, **keep, "done": int(done), "size": size}
-        write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+        write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
 
     def write_variables(self, variables: xr.Dataset) -> None:
         """Add variables that do not grow (e.g. computed at the end) to the store."""
@@ -529,7 +531,7 @@ class RunWriter:
             self._consolidate()
         self.info.status = "complete"
         self.info.progress = {**self.info.progress, **progress}
-        write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+        write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
         self.close()
 
     def abandon(self) -> None:

@@ -137,9 +137,11 @@ class RunAnalysis:
     baseline: RunAnalysis | None = None
     simulation: Any = None
 
-    def to_metrics(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The analysis as JSON data (NaN becomes null), the content of metrics.json."""
         return to_jsonable(_metrics(self), default=str)
+
+    to_metrics = to_dict  # the old name of the one serialisation verb
 
 
 def analyze(

@@ -86,7 +86,7 @@ class TheoryLens:
     lens: LogitLens | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         def dump(value: Any) -> Any:
             return None if value is None else value.to_dict()
 
@@ -106,6 +106,8 @@ class TheoryLens:
             "baseline_probes": {k: v.to_dict() for k, v in self.baseline_probes.items()},
             "logit_lens": dump(self.lens),
         }
+
+    to_json = to_dict  # the old name of the one serialisation verb
 
 
 def _is_all(ds: xr.Dataset) -> bool:

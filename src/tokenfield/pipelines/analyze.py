@@ -64,7 +64,7 @@ def analyze_run(
     )
     if result.info["kind"] == "simulation":
         result.simulation = analyze_simulation(ds)
-    metrics = result.to_metrics()
+    metrics = result.to_dict()
     metrics["run"] = str(path)
     if isinstance(baseline, (str, Path)):
         metrics["baseline_run"] = str(baseline)

@@ -241,7 +241,7 @@ def write_theory(run: str | Path, result: TheoryLens, *, figures: bool = True) -
     ``RUN/figures/theory_*.png``. Returns the JSON path."""
     run = Path(run)
     target = run / THEORY_JSON
-    data = to_jsonable(result.to_json())
+    data = to_jsonable(result.to_dict())
     write_json_atomic(target, data)
     title = f"<h2>{html.escape(run.name or str(run))}: through the lens of the theory</h2>"
     fragment = f"<section>{title}{theory_html_section(data)}</section>\n"

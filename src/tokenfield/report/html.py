@@ -231,7 +231,7 @@ def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = 
     else:
         options = {}
         result = analyze(ds)
-        metrics = result.to_metrics()
+        metrics = result.to_dict()
         frame = result.frame
 
         with tempfile.TemporaryDirectory() as tmp:

@@ -57,8 +57,10 @@ class Problem:
     answer: int
     template: str
 
-    def to_json(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    to_json = to_dict  # the old name of the one serialisation verb
 
     @property
     def operands(self) -> list[int]:
