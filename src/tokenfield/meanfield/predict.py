@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -126,24 +126,23 @@ def first_plateau(counts: np.ndarray, times: np.ndarray, min_duration: float):
     return None
 
 
-def first_plateau_experiment(
-    beta: float,
-    *,
-    normalization: Normalization = "usa",
-    n_particles: int = 256,
-    noise: float = 1e-3,
-    seeds: int = 4,
-    seed: int = 0,
-    eps: float | None = None,
-    horizon: float = 4.0,
-    min_efolds: float = 3.0,
-    frames: int = 200,
-    dt: float | None = None,
-) -> FirstPlateau:
-    """Simulate ``seeds`` near-equispaced starts and find their first plateau.
+class _Settings:
+    """``of`` and ``to_dict`` for the frozen config dataclasses below."""
 
-    Args:
-        beta: inverse temperature.
+    @classmethod
+    def of(cls, config: Any = None, **overrides: Any) -> Any:
+        """``config`` (default: the defaults) with ``overrides`` replaced."""
+        return replace(config or cls(), **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class PlateauConfig(_Settings):
+    """The settings of :func:`first_plateau_experiment` (and :func:`cluster_prediction`).
+
+    Attributes:
         normalization: ``"usa"`` (run in rescaled time) or ``"sa"``.
         n_particles: ``n``.
         noise: angular noise scale of the start (``add_noise``).
@@ -158,6 +157,57 @@ def first_plateau_experiment(
         frames: cluster counts are taken at this many evenly spaced times.
         dt: RK4 step (default ``min(0.25, 0.1 / lambda_max)``).
     """
+
+    normalization: Normalization = "usa"
+    n_particles: int = 256
+    noise: float = 1e-3
+    seeds: int = 4
+    seed: int = 0
+    eps: float | None = None
+    horizon: float = 4.0
+    min_efolds: float = 3.0
+    frames: int = 200
+    dt: float | None = None
+
+
+@dataclass(frozen=True)
+class GrowthConfig(_Settings):
+    """The settings of :func:`growth_rate_experiment`.
+
+    Attributes:
+        normalization, n_particles, noise, seeds, seed, frames: as in
+            :class:`PlateauConfig` (other defaults: the linear phase needs a
+            smaller start).
+        max_mode: fit modes ``1..max_mode`` (default ``2 k_max``, at most ``n/2 - 1``).
+        amplitude_limit: the fit stops where the largest amplitude reaches this.
+        dt: RK4 step (default ``0.05 / lambda_max``; the RK4 error in a rate is
+            ``O(lambda^5 dt^4)``).
+    """
+
+    normalization: Normalization = "usa"
+    n_particles: int = 256
+    noise: float = 1e-8
+    seeds: int = 2
+    seed: int = 0
+    max_mode: int | None = None
+    amplitude_limit: float = 1e-5
+    frames: int = 60
+    dt: float | None = None
+
+
+def first_plateau_experiment(
+    beta: float, config: PlateauConfig | None = None, **overrides: Any
+) -> FirstPlateau:
+    """Simulate ``seeds`` near-equispaced starts and find their first plateau.
+
+    ``config`` (a :class:`PlateauConfig`, whose fields are documented there) or its
+    fields as keywords (``n_particles=64, seeds=2``).
+    """
+    c = PlateauConfig.of(config, **overrides)
+    normalization, n_particles, noise, seeds, seed = (
+        c.normalization, c.n_particles, c.noise, c.seeds, c.seed
+    )  # fmt: skip
+    eps, horizon, min_efolds, frames, dt = c.eps, c.horizon, c.min_efolds, c.frames, c.dt
     import torch
 
     if n_particles < 2 or seeds < 1:
@@ -272,17 +322,7 @@ class GrowthRateFit:
 
 
 def growth_rate_experiment(
-    beta: float,
-    *,
-    normalization: Normalization = "usa",
-    n_particles: int = 256,
-    noise: float = 1e-8,
-    seeds: int = 2,
-    seed: int = 0,
-    max_mode: int | None = None,
-    amplitude_limit: float = 1e-5,
-    frames: int = 60,
-    dt: float | None = None,
+    beta: float, config: GrowthConfig | None = None, **overrides: Any
 ) -> GrowthRateFit:
     """Fit the growth rate of each Fourier amplitude in the linear phase.
 
@@ -291,11 +331,14 @@ def growth_rate_experiment(
     ``lambda_max``); the slope of ``log |rho_k|`` is fitted by least squares over
     the frames before any amplitude passes ``amplitude_limit``.
 
-    Args:
-        max_mode: fit modes ``1..max_mode`` (default ``2 k_max``, at most ``n/2 - 1``).
-        dt: RK4 step (default ``0.05 / lambda_max``; the RK4 error in a rate is
-            ``O(lambda^5 dt^4)``).
+    ``config`` (a :class:`GrowthConfig`, whose fields are documented there) or its
+    fields as keywords (``normalization="sa", n_particles=64``).
     """
+    c = GrowthConfig.of(config, **overrides)
+    normalization, n_particles, noise, seeds, seed = (
+        c.normalization, c.n_particles, c.noise, c.seeds, c.seed
+    )  # fmt: skip
+    max_mode, amplitude_limit, frames, dt = c.max_mode, c.amplitude_limit, c.frames, c.dt
     spectrum = stability_spectrum(beta, normalization=normalization, time=TIME)
     top = spectrum.top_rate
     if top <= 0:
@@ -355,18 +398,19 @@ class ClusterPrediction:
 
 def cluster_prediction(
     betas: Any,
+    config: PlateauConfig | None = None,
     *,
     normalizations: tuple[str, ...] = ("usa", "sa"),
     progress: Callable[[], Any] | None = None,
     **options: Any,
 ) -> ClusterPrediction:
     """:func:`first_plateau_experiment` for every ``beta`` and normalization
-    (``progress()`` is called after each)."""
+    (``progress()`` is called after each); ``config`` or ``options`` as there."""
     betas = [float(b) for b in np.atleast_1d(np.asarray(betas, dtype=float))]
     results = []
     for norm in normalizations:
         for beta in betas:
-            results.append(first_plateau_experiment(beta, normalization=norm, **options))  # type: ignore[arg-type]
+            results.append(first_plateau_experiment(beta, config, normalization=norm, **options))
             if progress is not None:
                 progress()
     return ClusterPrediction(tuple(results))
