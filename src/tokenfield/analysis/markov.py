@@ -14,41 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenfield.errors import UserError
-from tokenfield.models.markov import (
-    DENSE_LIMIT,
-    PER_HEAD,
-    PER_TOKEN,
-    STOCHASTIC_TOL,
-    AttentionSummary,
-    eigenvalue_moduli,
-    row_entropy,
-    second_eigenvalue_modulus,
-    spectral_gap,
-    stationary_distribution,
-    summarize_attention,
-    symmetrized,
-    symmetrized_spectrum,
-    without_sink,
-)
+from tokenfield.models import markov as _reduction
+from tokenfield.models.markov import *  # noqa: F403  (the per-matrix reduction, re-exported)
+from tokenfield.models.markov import PER_HEAD
 
-__all__ = [
-    "DENSE_LIMIT",
-    "PER_HEAD",
-    "PER_TOKEN",
-    "STOCHASTIC_TOL",
-    "AttentionByLayer",
-    "AttentionSummary",
-    "attention_by_layer",
-    "eigenvalue_moduli",
-    "row_entropy",
-    "second_eigenvalue_modulus",
-    "spectral_gap",
-    "stationary_distribution",
-    "summarize_attention",
-    "symmetrized",
-    "symmetrized_spectrum",
-    "without_sink",
-]
+__all__ = [*_reduction.__all__, "AttentionByLayer", "attention_by_layer"]
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,20 @@ def _equispaced_start(n: int, noise: float, seeds: int, seed: int):
     return torch.stack(starts)  # (seeds, n, 2)
 
 
+def _circle_run(beta: float, c: Any, t_max: float, step: float) -> Any:
+    """RK4 from ``c.seeds`` near-equispaced starts (``c``: a :class:`PlateauConfig`
+    or :class:`GrowthConfig`) to ``t_max``, ``c.frames + 1`` evenly spaced saves."""
+    x0 = _equispaced_start(c.n_particles, c.noise, c.seeds, c.seed)
+    return simulate(
+        Dynamics(beta=beta, normalization=c.normalization, time=TIME),
+        x0,
+        t_max=t_max,
+        dt=step,
+        solver="rk4",
+        saveat=SaveAt(times=np.linspace(0.0, t_max, c.frames + 1)),
+    )
+
+
 def linear_time(beta: float, noise: float, normalization: Normalization = "usa") -> float:
     """``log(1 / noise) / lambda_max``: how long the linear phase lasts (rescaled time)."""
     top = stability_spectrum(beta, normalization=normalization, time=TIME).top_rate
@@ -204,10 +218,8 @@ def first_plateau_experiment(
     fields as keywords (``n_particles=64, seeds=2``).
     """
     c = PlateauConfig.of(config, **overrides)
-    normalization, n_particles, noise, seeds, seed = (
-        c.normalization, c.n_particles, c.noise, c.seeds, c.seed
-    )  # fmt: skip
-    eps, horizon, min_efolds, frames, dt = c.eps, c.horizon, c.min_efolds, c.frames, c.dt
+    normalization, n_particles, noise, seeds = c.normalization, c.n_particles, c.noise, c.seeds
+    eps, horizon, min_efolds, dt = c.eps, c.horizon, c.min_efolds, c.dt
     import torch
 
     if n_particles < 2 or seeds < 1:
@@ -221,16 +233,7 @@ def first_plateau_experiment(
     step = min(0.25, 0.1 / spectrum.top_rate) if dt is None else float(dt)
     if eps is None:
         eps = 0.25 * (1 - math.cos(2 * math.pi / n_particles))
-    x0 = _equispaced_start(n_particles, noise, seeds, seed)
-    times = np.linspace(0.0, t_max, frames + 1)
-    ds = simulate(
-        Dynamics(beta=beta, normalization=normalization, time=TIME),
-        x0,
-        t_max=t_max,
-        dt=step,
-        solver="rk4",
-        saveat=SaveAt(times=times),
-    )
+    ds = _circle_run(beta, c, t_max, step)
     with torch.no_grad():
         series = np.asarray(cluster_count(ds.states.values, eps=eps))  # (seeds, T)
     counts, starts, ends = [], [], []
@@ -335,10 +338,8 @@ def growth_rate_experiment(
     fields as keywords (``normalization="sa", n_particles=64``).
     """
     c = GrowthConfig.of(config, **overrides)
-    normalization, n_particles, noise, seeds, seed = (
-        c.normalization, c.n_particles, c.noise, c.seeds, c.seed
-    )  # fmt: skip
-    max_mode, amplitude_limit, frames, dt = c.max_mode, c.amplitude_limit, c.frames, c.dt
+    normalization, n_particles, noise = c.normalization, c.n_particles, c.noise
+    max_mode, amplitude_limit, dt = c.max_mode, c.amplitude_limit, c.dt
     spectrum = stability_spectrum(beta, normalization=normalization, time=TIME)
     top = spectrum.top_rate
     if top <= 0:
@@ -348,16 +349,7 @@ def growth_rate_experiment(
     start_amplitude = noise / math.sqrt(n_particles)
     t_max = math.log(amplitude_limit / start_amplitude) / top
     step = 0.05 / top if dt is None else float(dt)
-    x0 = _equispaced_start(n_particles, noise, seeds, seed)
-    times = np.linspace(0.0, t_max, frames + 1)
-    ds = simulate(
-        Dynamics(beta=beta, normalization=normalization, time=TIME),
-        x0,
-        t_max=t_max,
-        dt=step,
-        solver="rk4",
-        saveat=SaveAt(times=times),
-    )
+    ds = _circle_run(beta, c, t_max, step)
     amplitudes = fourier_amplitudes(ds.states.values, modes)  # (seeds, T, m)
     keep = amplitudes.max(axis=(0, 2)) <= amplitude_limit
     keep[0] = True

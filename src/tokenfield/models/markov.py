@@ -51,6 +51,10 @@ import numpy as np
 from tokenfield.errors import UserError
 
 __all__ = [
+    "DENSE_LIMIT",
+    "PER_HEAD",
+    "PER_TOKEN",
+    "STOCHASTIC_TOL",
     "AttentionSummary",
     "eigenvalue_moduli",
     "row_entropy",
