@@ -1,6 +1,6 @@
 """Real transformers through the lens of the theory: every section on one run.
 
-:func:`theory_lens` measures a traced run the way the mean-field theory would
+:func:`tokenfield.pipelines.theory.theory_lens` measures a traced run the way the mean-field theory would
 (seeds 002-004) and returns one :class:`TheoryLens`:
 
 - **clouds** (:mod:`~tokenfield.analysis.clouds`): per layer, the mean pairwise
