@@ -178,3 +178,35 @@ def test_the_checker_sees_function_local_imports_and_cycles(tmp_path):
         ["analysis", "meanfield", "analysis"],
         ["meanfield", "analysis", "meanfield"],
     )
+
+
+# Old import paths of functions that moved up to pipelines/ or viz/, and where they live now.
+MOVED = {
+    "tokenfield.analysis:analyze_run": "tokenfield.pipelines.analyze:analyze_run",
+    "tokenfield.analysis.run_analysis:analyze_run": "tokenfield.pipelines.analyze:analyze_run",
+    "tokenfield.analysis.theory:theory_lens": "tokenfield.pipelines.theory:theory_lens",
+    "tokenfield.analysis.theory:write_theory": "tokenfield.pipelines.theory:write_theory",
+    "tokenfield.analysis.theory:model_of_run": "tokenfield.pipelines.theory:model_of_run",
+    "tokenfield.analysis.flow:attention_flow": "tokenfield.pipelines.flow:attention_flow",
+    "tokenfield.analysis.flow:flow_states": "tokenfield.pipelines.flow:flow_states",
+    "tokenfield.analysis.flow:plot_flow": "tokenfield.viz.flow:plot_flow",
+    "tokenfield.meanfield.conformance:run_suite": "tokenfield.pipelines.conformance:run_suite",
+    "tokenfield.meanfield.conformance:ITEMS": "tokenfield.pipelines.conformance:ITEMS",
+    "tokenfield.meanfield.conformance:equiangular_item": (
+        "tokenfield.pipelines.conformance:equiangular_item"
+    ),
+    "tokenfield.steering.closed_loop:closed_loop": "tokenfield.pipelines.steer:closed_loop",
+    "tokenfield:analyze_run": "tokenfield.pipelines.analyze:analyze_run",
+    "tokenfield:theory_lens": "tokenfield.pipelines.theory:theory_lens",
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_import_paths_still_work(old):
+    import importlib
+
+    def resolve(spec: str):
+        module, name = spec.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    assert resolve(old) is resolve(MOVED[old])
