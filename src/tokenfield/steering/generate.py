@@ -7,6 +7,7 @@ so a prompt gives the same result alone or in a batch, steered or not.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -287,12 +288,19 @@ def answer_conditions(
                 return raw[:i]
         return raw
 
+    # transformers renamed ``past_key_values`` to ``cache`` (the old name warns)
+    cache_kwarg = (
+        "cache"
+        if "cache" in inspect.signature(model.model.forward).parameters
+        else "past_key_values"
+    )
+
     def forward(ids, mask, position_ids, cache):
         return model.model(
             input_ids=ids.to(device),
             attention_mask=None if mask is None else mask.to(device),
             position_ids=position_ids.to(device),
-            past_key_values=cache,
+            **{cache_kwarg: cache},
             use_cache=True,
             logits_to_keep=1,
         )
