@@ -58,7 +58,7 @@ def test_from_run_keeps_the_runs_dtype_and_weights(runs):
 def test_steer_takes_the_run_positionally_and_honours_its_dtype(
     runs, tmp_path, capsys, monkeypatch
 ):
-    import tokenfield.steering.closed_loop as closed_loop_module
+    import tokenfield.pipelines.steer as closed_loop_module
 
     base, _directory = runs
     seen = []

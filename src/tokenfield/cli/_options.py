@@ -11,7 +11,6 @@ one run (positional, with a hidden ``--run`` alias where a command used to take
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from tokenfield._device import DEVICES_HELP
+from tokenfield._io import dumps
 from tokenfield.errors import ParameterError, UserError
 
 __all__ = [
@@ -138,20 +138,9 @@ def limit_threads(n: int = 1) -> Iterator[None]:
 
 
 def echo_json(data: Any) -> None:
-    """Print ``data`` as JSON on stdout (numpy scalars and arrays as numbers and lists)."""
-    typer.echo(json.dumps(data, indent=2, default=_json_default))
-
-
-def _json_default(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON: {type(value)}")
+    """Print ``data`` as JSON on stdout (numpy scalars and arrays as numbers and
+    lists: :func:`tokenfield._io.dumps`)."""
+    typer.echo(dumps(data))
 
 
 def one_run(positional: Path | None, option: Path | None, *, what: str = "RUN") -> Path:

@@ -85,8 +85,8 @@ def lens_command(
     """
     from tokenfield._progress import ProgressBar
     from tokenfield._progress import console as make_console
-    from tokenfield.analysis.theory import model_of_run, theory_lens, write_theory
     from tokenfield.errors import UserError
+    from tokenfield.pipelines.theory import model_of_run, theory_lens, write_theory
     from tokenfield.runs import read_run_info
 
     read_run_info(run)  # a clear error before any work
@@ -158,8 +158,8 @@ def _flow(console, results, run: Path, model, eps: float, seed: int) -> Path:
     ``results``; none when it is ``None``). Returns the path of flow.json."""
     from rich.table import Table
 
-    from tokenfield.analysis.flow import attention_flow, write_flow
-    from tokenfield.analysis.theory import model_of_run
+    from tokenfield.pipelines.flow import attention_flow, write_flow
+    from tokenfield.pipelines.theory import model_of_run
     from tokenfield.runs import open_run
 
     ds = open_run(run).load()

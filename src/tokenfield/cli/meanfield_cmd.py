@@ -58,11 +58,10 @@ def _out_dir(out: Path | None, *, lock: bool = True) -> Path | None:
 
 
 def _emit(data: dict[str, Any], out: Path | None, name: str, as_json: bool) -> None:
-    from tokenfield.runs import write_json_atomic
+    from tokenfield.pipelines.meanfield import write_result
 
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / f"{name}.json", data)
+        write_result(data, out, name)
     if as_json:
         echo_json(data)
 
@@ -70,9 +69,9 @@ def _emit(data: dict[str, Any], out: Path | None, name: str, as_json: bool) -> N
 def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:
     if out is None:
         return
-    from tokenfield.viz.meanfield import write_meanfield_figures
+    from tokenfield.pipelines.meanfield import write_figures
 
-    paths = write_meanfield_figures(results, out / "figures")
+    paths = write_figures(results, out)
     console.print(f"wrote {out} ({len(paths)} figure files)")
 
 

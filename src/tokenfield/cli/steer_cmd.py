@@ -122,8 +122,8 @@ def steer_command(
 
     from tokenfield._progress import console as make_console
     from tokenfield.models.load import ModelSpec
+    from tokenfield.pipelines.steer import closed_loop
     from tokenfield.runs import open_run, write_json_atomic
-    from tokenfield.steering.closed_loop import closed_loop
     from tokenfield.steering.vectors import SteeringVector, steering_vector
 
     run = one_run(run, run_option)
