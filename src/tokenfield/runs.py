@@ -231,7 +231,12 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
         check_chunks(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ds = xr.open_zarr(store, consolidated=False)
+        ds = None
+        if info.complete:  # finish() consolidated the metadata: one read instead of one per array
+            with contextlib.suppress(Exception):
+                ds = xr.open_zarr(store, consolidated=True)
+        if ds is None:
+            ds = xr.open_zarr(store, consolidated=False)
     # Coordinates (labels, prompts, tokens) are small: load them so that they are
     # plain numpy arrays; the states stay lazy.
     for name in list(ds.coords):
