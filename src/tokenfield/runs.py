@@ -239,8 +239,14 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
             ds = xr.open_zarr(store, consolidated=False)
     # Coordinates (labels, prompts, tokens) are small: load them so that they are
     # plain numpy arrays; the states stay lazy.
-    for name in list(ds.coords):
-        ds.coords[name] = ds.coords[name].load()
+    # One dask compute for all of them, set in place (no re-alignment per coordinate).
+    lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
+    if lazy:
+        import dask
+
+        values = dask.compute(*(ds.variables[name].data for name in lazy))
+        for name, value in zip(lazy, values, strict=True):
+            ds.variables[name].data = np.asarray(value)
     ds.attrs["run"] = info.to_json()
     return ds
 
