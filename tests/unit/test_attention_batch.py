@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tokenfield.analysis.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
 from tokenfield.models.attention import reduce_attention_batch
+from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
 
 TOL = 1e-10  # both float64 from the same float32 weights: eigensolver rounding only
 

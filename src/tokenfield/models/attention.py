@@ -4,7 +4,7 @@ With ``trace(..., attention=True)`` a forward hook sits on every block's
 self-attention module. Under eager attention that module returns
 ``(attn_output, attn_weights)`` with weights ``(batch, heads, seq, seq)``; the
 hook cuts each prompt's real ``n x n`` block out of the padded batch, reduces it
-with :func:`tokenfield.analysis.markov.summarize_attention` (row entropy, sink
+with :func:`tokenfield.models.markov.summarize_attention` (row entropy, sink
 mass, ``|lambda_2|`` of the symmetrised chain with and without the sink, the
 stationary distribution) and lets the matrix go. What is kept per prompt and
 layer is ``O(heads * n)``, never ``O(heads * n^2)``: the only ``n x n`` tensors
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tokenfield.analysis.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
 from tokenfield.errors import UserError
+from tokenfield.models.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
 from tokenfield.models.sites import ModelSites
 
 __all__ = [
@@ -197,7 +197,7 @@ _CHUNK_ELEMENTS = 1 << 23
 def reduce_attention_batch(
     weights: torch.Tensor, spans: Sequence[tuple[int, int]], causal: bool
 ) -> dict[str, torch.Tensor]:
-    """:func:`~tokenfield.analysis.markov.summarize_attention` of every prompt of a
+    """:func:`~tokenfield.models.markov.summarize_attention` of every prompt of a
     padded batch at once, on the weights' device: float64, batched over prompts
     and heads (``torch.linalg.eigvalsh`` on a batch), no Python loop over either.
 
@@ -211,10 +211,10 @@ def reduce_attention_batch(
         Statistic -> ``(batch, heads)`` for each of ``PER_HEAD``, ``(batch, heads,
         width)`` for each of ``PER_TOKEN`` (token ``i`` of a row at index ``i``,
         ``width`` its longest span), float64. A row of more than
-        :data:`~tokenfield.analysis.markov.DENSE_LIMIT` tokens, where the
+        :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens, where the
         reference solves by Lanczos, is reduced alone with :func:`summarize_attention`.
     """
-    from tokenfield.analysis.markov import DENSE_LIMIT
+    from tokenfield.models.markov import DENSE_LIMIT
 
     on = weights.device if weights.device.type in ("cpu", "cuda") else torch.device("cpu")
     batch, heads = int(weights.shape[0]), int(weights.shape[1])
