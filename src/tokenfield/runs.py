@@ -11,12 +11,15 @@ A run is a directory::
 ``states`` has dims ``(time, particle, feature)``. Anyone can read a run with
 ``xarray.open_zarr(RUN / "trajectory.zarr")``.
 
-Writes are streamed and resumable. :class:`RunWriter` appends one piece at a
-time along a growing dimension (``particle`` for traces, ``time`` for
-simulations) and then records progress in ``run.json`` with an atomic rename.
-A process killed between the two leaves extra rows in the Zarr store; on
-resume they are trimmed back to what ``run.json`` recorded, so every unit of
-work lands exactly once.
+Writes are streamed and resumable. :class:`RunWriter` appends pieces along a
+growing dimension (``particle`` for traces, ``time`` for simulations) and then
+records progress in ``run.json`` with an atomic rename. With ``flush_seconds``
+it keeps pieces in memory and writes them together (one Zarr write per array
+and one ``run.json`` per flush, at the recorded size, so the cost of a flush does
+not grow with what is already stored). A process killed between the two leaves
+extra rows in the Zarr store (or loses the pieces not yet flushed); on resume
+they are trimmed back to what ``run.json`` recorded, so every unit of work lands
+exactly once.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import contextlib
 import json
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -194,11 +198,22 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
         check_chunks(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ds = xr.open_zarr(store, consolidated=False)
+        ds = None
+        if info.complete:  # finish() consolidated the metadata: one read instead of one per array
+            with contextlib.suppress(Exception):
+                ds = xr.open_zarr(store, consolidated=True)
+        if ds is None:
+            ds = xr.open_zarr(store, consolidated=False)
     # Coordinates (labels, prompts, tokens) are small: load them so that they are
     # plain numpy arrays; the states stay lazy.
-    for name in list(ds.coords):
-        ds.coords[name] = ds.coords[name].load()
+    # One dask compute for all of them, set in place (no re-alignment per coordinate).
+    lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
+    if lazy:
+        import dask
+
+        values = dask.compute(*(ds.variables[name].data for name in lazy))
+        for name, value in zip(lazy, values, strict=True):
+            ds.variables[name].data = np.asarray(value)
     ds.attrs["run"] = info.to_dict()
     return ds
 
@@ -305,6 +320,12 @@ class RunWriter:
             roundings; see :func:`tokenfield.trace`).
         weights_sha256: the hash of the model weights used, recorded in
             ``run.json``; a partial run started with other weights is refused.
+        flush_seconds: keep appended pieces in memory and write them together
+            once this many seconds passed since the last write (0: write every
+            piece at once). Pending pieces are also written by :meth:`finish`,
+            by :meth:`close` (an interrupt keeps the finished work) and once
+            they hold ``flush_bytes``.
+        flush_bytes: the most bytes of pieces kept in memory.
 
     The writer holds the directory's lock (:mod:`tokenfield._lock`) from
     construction until :meth:`finish` or :meth:`close`; a second writer fails
@@ -324,9 +345,16 @@ class RunWriter:
         overwrite: bool = False,
         batch_size: int | None = None,
         weights_sha256: str | None = None,
+        flush_seconds: float = 0.0,
+        flush_bytes: int = 64 << 20,
     ):
         self.path = Path(path)
         self.append_dim = append_dim
+        self.flush_seconds = float(flush_seconds)
+        self.flush_bytes = int(flush_bytes)
+        self._pending: list[tuple[xr.Dataset, int, dict[str, Any]]] = []
+        self._pending_bytes = 0
+        self._last_flush = time.monotonic()
         self.config = canonical_config(config)
         check_writable_dir(self.path)
         if self.path.exists() and not self.path.is_dir():
@@ -418,7 +446,14 @@ class RunWriter:
                 self._trim_to_progress()
 
     def close(self) -> None:
-        """Release the writer lock (finish() does it too); safe to call twice."""
+        """Write pending pieces, release the writer lock (finish() does it too);
+        safe to call twice. Called while an error unwinds, it keeps the work
+        done before it; a failure to write then leaves the run at its last
+        recorded progress (resumable), and the first error is the one raised."""
+        if self._pending and self._lock is not None:
+            with contextlib.suppress(Exception):
+                self.flush()
+        self._pending = []
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
@@ -467,13 +502,82 @@ class RunWriter:
         if not self.store.exists():
             self.info.progress = {"done": 0, "size": 0}
             return
-        import zarr
-
         size = int(self.info.progress.get("size", 0))
         if size == 0:
             shutil.rmtree(self.store)
             self.info.progress = {"done": 0, "size": 0}
             return
+        self._trim_store(size)
+
+    def append(self, piece: xr.Dataset, done: int, **progress: Any) -> None:
+        """Append ``piece`` along the growing dimension, then record ``done`` units.
+
+        ``progress`` holds any extra state needed to resume (e.g. an RNG state).
+        With ``flush_seconds`` the piece may wait in memory for the next
+        :meth:`flush`; ``done`` is recorded when it is written.
+        """
+        piece = piece.copy()
+        piece.attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": self.info.kind}
+        self._pending.append((piece, int(done), progress))
+        self._pending_bytes += int(piece.nbytes)
+        if (
+            self.flush_seconds <= 0
+            or self._pending_bytes >= self.flush_bytes
+            or time.monotonic() - self._last_flush >= self.flush_seconds
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the pending pieces at the recorded size, then record the progress."""
+        if not self._pending:
+            return
+        pieces = [piece for piece, _done, _progress in self._pending]
+        _piece, done, progress = self._pending[-1]
+        merged = _concat_pieces(pieces, self.append_dim)
+        at = int(self.info.progress.get("size", 0))
+        with _write_errors(self.store), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if at == 0 or not self.store.exists():
+                chunk = int(pieces[0].sizes[self.append_dim])  # one piece per chunk, as before
+                encoding = {
+                    name: {
+                        "chunks": tuple(
+                            chunk if dim == self.append_dim else size
+                            for dim, size in zip(var.dims, var.shape, strict=True)
+                        )
+                    }
+                    for name, var in merged.variables.items()
+                    if self.append_dim in var.dims
+                }
+                merged.to_zarr(
+                    self.store,
+                    mode="w",
+                    consolidated=False,
+                    write_empty_chunks=True,
+                    encoding=encoding,
+                )
+            elif not _write_at(self.store, merged, self.append_dim, at):
+                self._trim_store(at)  # layouts differ: let xarray append (and complain)
+                merged.to_zarr(
+                    self.store,
+                    append_dim=self.append_dim,
+                    consolidated=False,
+                    write_empty_chunks=True,
+                )
+        size = at + int(merged.sizes[self.append_dim])
+        keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
+        # recorded only once run.json says so: an interrupted record is written again
+        info = replace(self.info, progress={**progress, **keep, "done": int(done), "size": size})
+        write_json_atomic(self.path / RUN_JSON, info.to_dict())
+        self.info = info
+        self._pending = []
+        self._pending_bytes = 0
+        self._last_flush = time.monotonic()
+
+    def _trim_store(self, size: int) -> None:
+        """Cut every array growing along the append dimension back to ``size``."""
+        import zarr
+
         group = zarr.open_group(str(self.store), mode="r+")
         for name in group.array_keys():
             array = group[name]
@@ -484,29 +588,6 @@ class RunWriter:
                     shape = list(array.shape)
                     shape[axis] = size
                     array.resize(tuple(shape))
-
-    def append(self, piece: xr.Dataset, done: int, **progress: Any) -> None:
-        """Append ``piece`` along the growing dimension, then record ``done`` units.
-
-        ``progress`` holds any extra state needed to resume (e.g. an RNG state).
-        """
-        piece = piece.copy()
-        piece.attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": self.info.kind}
-        with _write_errors(self.store), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if self.store.exists():
-                piece.to_zarr(
-                    self.store,
-                    append_dim=self.append_dim,
-                    consolidated=False,
-                    write_empty_chunks=True,
-                )
-            else:
-                piece.to_zarr(self.store, mode="w", consolidated=False, write_empty_chunks=True)
-        size = int(self.info.progress.get("size", 0)) + int(piece.sizes[self.append_dim])
-        keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
-        self.info.progress = {**progress, **keep, "done": int(done), "size": size}
-        write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
 
     def write_variables(self, variables: xr.Dataset) -> None:
         """Add variables that do not grow (e.g. computed at the end) to the store."""
@@ -526,7 +607,9 @@ class RunWriter:
             zarr.consolidate_metadata(str(self.store))
 
     def finish(self, **progress: Any) -> None:
-        """Mark the run complete (and consolidate the store's metadata)."""
+        """Write pending pieces, mark the run complete (and consolidate the store's
+        metadata)."""
+        self.flush()
         if self.store.exists():
             self._consolidate()
         self.info.status = "complete"
@@ -539,9 +622,73 @@ class RunWriter:
         that a retry with other settings needs no --overwrite; then release.
 
         A run that existed before this writer (a resume) is left as it was."""
+        self._pending = []
         if self._created:
             self._clear()
         self.close()
+
+
+def _concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:
+    """Pieces of one layout joined along ``dim``: numpy concatenation of every
+    variable that has ``dim``, the others taken from the first piece (they are
+    the same in every piece: times, sites, blocks)."""
+    first = pieces[0]
+    if len(pieces) == 1:
+        return first
+
+    def joined(name: str) -> Any:
+        var = first.variables[name]
+        if dim not in var.dims:
+            return var
+        axis = var.dims.index(dim)
+        values = np.concatenate([p.variables[name].values for p in pieces], axis=axis)
+        return (var.dims, values, var.attrs)
+
+    data_vars = {name: joined(name) for name in first.data_vars}
+    coords = {name: joined(name) for name in first.coords}
+    return xr.Dataset(data_vars, coords=coords, attrs=first.attrs)
+
+
+def _write_at(store: Path, merged: xr.Dataset, dim: str, at: int) -> bool:
+    """Write ``merged``'s rows at ``at .. at + n`` of the existing arrays along
+    ``dim`` (each resized to ``at + n``) with plain Zarr writes: no re-reading of
+    the store's data, a cost independent of its size. False (nothing written)
+    when the store's arrays do not match the merged variables one to one."""
+    import zarr
+
+    with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
+        group = zarr.open_group(str(store), mode="r+")
+        arrays = {name: group[name] for name in group.array_keys()}
+    growing = {
+        name for name, array in arrays.items() if dim in (array.metadata.dimension_names or ())
+    }
+    wanted = {name for name, var in merged.variables.items() if dim in var.dims}
+    if growing != wanted:
+        return False
+    plan = []
+    for name in sorted(wanted):
+        array, var = arrays[name], merged.variables[name]
+        dims = tuple(array.metadata.dimension_names)
+        if set(dims) != set(var.dims) or len(dims) != var.ndim:
+            return False
+        values = var.transpose(*dims).values
+        text = values.dtype.kind in "OUT"
+        if text != (array.dtype.kind in "OUT") or (not text and values.dtype != array.dtype):
+            return False
+        axis = dims.index(dim)
+        if any(size != values.shape[i] for i, size in enumerate(array.shape) if i != axis):
+            return False  # another feature size, heads, k, ...
+        plan.append((array, axis, values))
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        for array, axis, values in plan:
+            n = values.shape[axis]
+            shape = list(array.shape)
+            shape[axis] = at + n
+            array.resize(tuple(shape))
+            index = [slice(None)] * values.ndim
+            index[axis] = slice(at, at + n)
+            array[tuple(index)] = values
+    return True
 
 
 @contextlib.contextmanager

@@ -137,6 +137,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch):
 
 def test_resume_trims_rows_written_after_the_last_progress(tmp_path, monkeypatch):
     """A kill between the Zarr append and the run.json update leaves extra rows."""
+    monkeypatch.setenv("TOKENFIELD_FLUSH_SECONDS", "0")  # every batch is an append
     tiny = tiny_loaded("gpt2")
     whole = tf.trace(tiny, PROMPTS, batch_size=2, out=tmp_path / "whole")
     from tokenfield.runs import RunWriter

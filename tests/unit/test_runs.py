@@ -135,3 +135,113 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run(tmp_path):
         RunWriter(mine, "trace", {}, append_dim="particle", overwrite=True)
     assert (mine / "figures" / "plot.png").read_text() == "user's figure"
     assert sorted(p.name for p in mine.iterdir()) == ["figures", "metrics.json"]
+
+
+def buffered_piece(start: int, n: int) -> xr.Dataset:
+    """A piece with the variable kinds a trace streams (float NaN, strings, bools, ints)."""
+    ds = piece(start, n)
+    values = np.where(np.arange(n) % 2, np.nan, np.arange(start, start + n)).astype(np.float32)
+    return ds.assign(
+        attn=(("particle",), values),
+        token=(("particle",), strings("" for _ in range(n))),  # all fill value
+        is_last=(("particle",), np.arange(n) == n - 1),
+    )
+
+
+def test_buffered_flushes_equal_piece_by_piece_writes(tmp_path):
+    sizes = [2, 3, 1, 4, 2]
+    starts = np.cumsum([0, *sizes[:-1]])
+    one = RunWriter(tmp_path / "one", "trace", {"a": 1}, append_dim="particle")
+    many = RunWriter(tmp_path / "many", "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9)
+    for done, (start, n) in enumerate(zip(starts, sizes, strict=True), start=1):
+        one.append(buffered_piece(int(start), n), done=done)
+        many.append(buffered_piece(int(start), n), done=done)
+        if done == 2:
+            many.flush()  # a second flush appends to the existing store
+            assert read_run_info(tmp_path / "many").progress == {"done": 2, "size": 5}
+    assert read_run_info(tmp_path / "many").progress["done"] == 2  # 3..5 still pending
+    one.finish()
+    many.finish()
+    xr.testing.assert_identical(
+        open_run(tmp_path / "many").load(), open_run(tmp_path / "one").load()
+    )
+
+
+def test_a_kill_between_a_flushs_write_and_its_record_resumes_to_the_same_run(
+    tmp_path, monkeypatch
+):
+    import tokenfield.runs as runs
+
+    clean = RunWriter(tmp_path / "clean", "trace", {"a": 1}, append_dim="particle")
+    for done, start in enumerate(range(0, 12, 3), start=1):
+        clean.append(buffered_piece(start, 3), done=done)
+    clean.finish()
+
+    run = tmp_path / "killed"
+    writer = RunWriter(run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9)
+    writer.append(buffered_piece(0, 3), done=1)
+    writer.flush()
+    writer.append(buffered_piece(3, 3), done=2)
+    writer.append(buffered_piece(6, 3), done=3)
+    real = runs.write_json_atomic
+
+    def killed(path, obj):
+        raise KeyboardInterrupt  # the rows of pieces 2-3 are in the store, run.json not
+
+    monkeypatch.setattr(runs, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        writer.flush()
+    monkeypatch.setattr(runs, "write_json_atomic", real)
+    writer._pending = []  # the process died: nothing more is written
+    writer.close()
+    resumed = RunWriter(run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9)
+    assert resumed.done == 1
+    for done, start in enumerate(range(3, 12, 3), start=2):
+        resumed.append(buffered_piece(start, 3), done=done)
+    resumed.finish()
+    xr.testing.assert_identical(open_run(run).load(), open_run(tmp_path / "clean").load())
+
+
+def test_close_while_an_error_unwinds_keeps_the_pending_work(tmp_path):
+    run = tmp_path / "r"
+    with (
+        pytest.raises(RuntimeError),
+        RunWriter(run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9) as writer,
+    ):
+        writer.append(buffered_piece(0, 2), done=1)
+        writer.append(buffered_piece(2, 2), done=2)
+        raise RuntimeError("the model blew up")
+    info = read_run_info(run)
+    assert info.status == "partial" and info.progress["done"] == 2
+    assert open_run(run, allow_partial=True).sizes["particle"] == 4
+
+
+def test_a_flush_retried_after_an_interrupted_record_writes_at_the_recorded_size(
+    tmp_path, monkeypatch
+):
+    """An interrupt between a flush's Zarr write and its run.json: close() writes
+    the pending rows again, over the unrecorded ones, not after them."""
+    import tokenfield.runs as runs
+
+    run = tmp_path / "r"
+    writer = RunWriter(run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9)
+    writer.append(buffered_piece(0, 3), done=1)
+    writer.flush()
+    writer.append(buffered_piece(3, 2), done=2)
+    real, calls = runs.write_json_atomic, {"n": 0}
+
+    def once(path, obj):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        real(path, obj)
+
+    monkeypatch.setattr(runs, "write_json_atomic", once)
+    with pytest.raises(KeyboardInterrupt):
+        writer.flush()
+    writer.close()  # as the trace's clean-up does
+    info = read_run_info(run)
+    assert info.progress["done"] == 2 and info.progress["size"] == 5
+    ds = open_run(run, allow_partial=True)
+    assert ds.sizes["particle"] == 5
+    assert list(ds.particle.values) == [0, 1, 2, 3, 4]

@@ -79,14 +79,20 @@ class AttentionCapture:
     """Per-prompt attention summaries of the current batch.
 
     Call :meth:`reset` with the batch's attention mask before each forward pass.
-    After it, ``summaries[block][row]`` is the :class:`AttentionSummary` of batch
-    row ``row`` in block ``block``.
+    Each block's weights are reduced as they are produced, every prompt and head
+    at once (:func:`reduce_attention_batch`, on the weights' device), and only
+    the ``O(heads * n)`` statistics are kept. After the pass,
+    ``summaries[block][row]`` is the :class:`AttentionSummary` of batch row
+    ``row`` in block ``block`` (built on demand; :meth:`variables` reads the
+    batched arrays directly).
     """
 
     causal: bool
     spans: list[tuple[int, int]] = field(default_factory=list)
-    summaries: list[list[AttentionSummary | None]] = field(default_factory=list)
     heads: int = 0
+    # per block: statistic -> (batch, heads) or (batch, heads, width) float64 tensor;
+    # token i of row b at index i (its column minus the row's offset).
+    reduced: list[dict[str, torch.Tensor] | None] = field(default_factory=list)
 
     def reset(self, n_blocks: int, attention_mask: torch.Tensor) -> None:
         spans = []
@@ -94,15 +100,32 @@ class AttentionCapture:
             real = torch.nonzero(row).flatten()
             spans.append((int(real[0]), int(real.numel())))  # contiguous: (offset, n)
         self.spans = spans
-        self.summaries = [[None] * len(spans) for _ in range(n_blocks)]
+        self.reduced = [None] * n_blocks
 
     def reduce(self, block: int, weights: torch.Tensor) -> None:
-        """Reduce ``weights`` ``(batch, heads, seq, seq)`` of one block, prompt by prompt."""
+        """Reduce ``weights`` ``(batch, heads, seq, seq)`` of one block, all prompts at once."""
         self.heads = int(weights.shape[1])
-        for row, (offset, n) in enumerate(self.spans):
-            cut = weights[row, :, offset : offset + n, offset : offset + n]  # (heads, n, n) view
-            matrix = cut.detach().to("cpu").float().numpy()
-            self.summaries[block][row] = summarize_attention(matrix, causal=self.causal)
+        self.reduced[block] = reduce_attention_batch(weights.detach(), self.spans, self.causal)
+
+    @property
+    def summaries(self) -> list[list[AttentionSummary | None]]:
+        """``summaries[block][row]``: one :class:`AttentionSummary` per prompt (numpy)."""
+        out: list[list[AttentionSummary | None]] = []
+        for reduced in self.reduced:
+            if reduced is None:
+                out.append([None] * len(self.spans))
+                continue
+            arrays = {name: value.cpu().numpy() for name, value in reduced.items()}
+            out.append(
+                [
+                    AttentionSummary(
+                        **{name: arrays[name][row] for name in PER_HEAD},
+                        **{name: arrays[name][row, :, :n] for name in PER_TOKEN},
+                    )
+                    for row, (_offset, n) in enumerate(self.spans)
+                ]
+            )
+        return out
 
     def variables(self, keep: torch.Tensor, last: torch.Tensor) -> dict[str, Any]:
         """Dataset variables for the kept particles of this batch.
@@ -115,22 +138,173 @@ class AttentionCapture:
             last: ``(batch, seq)`` last real token of each row.
         """
         rows, cols = keep.nonzero(as_tuple=True)
-        n_blocks = len(self.summaries)
+        n_blocks = len(self.reduced)
         shape = (int(rows.numel()), n_blocks, self.heads)
         out = {name: np.full(shape, np.nan, dtype=np.float32) for name in VARIABLES.values()}
-        for particle, (row, col) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
-            offset, _ = self.spans[row]
-            for block in range(n_blocks):
-                summary = self.summaries[block][row]
-                if summary is None:
-                    raise RuntimeError(f"attention of block {block} was not captured")
-                for name in PER_TOKEN:
-                    out[VARIABLES[name]][particle, block] = getattr(summary, name)[:, col - offset]
-                if bool(last[row, col]):
-                    for name in PER_HEAD:
-                        out[VARIABLES[name]][particle, block] = getattr(summary, name)
+        offsets = torch.tensor([offset for offset, _ in self.spans], dtype=torch.long)
+        local = (cols - offsets[rows]).numpy()  # token index inside its prompt
+        at = rows.numpy()
+        flags = last[rows, cols].numpy().astype(bool)
+        for block, reduced in enumerate(self.reduced):
+            if reduced is None:
+                raise RuntimeError(f"attention of block {block} was not captured")
+            for name in PER_TOKEN:
+                values = reduced[name].cpu().numpy()  # (batch, heads, width)
+                out[VARIABLES[name]][:, block] = values[at, :, local]
+            for name in PER_HEAD:
+                values = reduced[name].cpu().numpy()  # (batch, heads)
+                out[VARIABLES[name]][flags, block] = values[at[flags]]
         dims = ("particle", "block", "head")
         return {name: (dims, values) for name, values in out.items()}
+
+
+# Elements of one float64 (rows, heads, n, n) work array; more rows are split.
+_CHUNK_ELEMENTS = 1 << 23
+
+
+def reduce_attention_batch(
+    weights: torch.Tensor, spans: Sequence[tuple[int, int]], causal: bool
+) -> dict[str, torch.Tensor]:
+    """:func:`~tokenfield.models.markov.summarize_attention` of every prompt of a
+    padded batch at once, on the weights' device: float64, batched over prompts
+    and heads (``torch.linalg.eigvalsh`` on a batch), no Python loop over either.
+
+    Args:
+        weights: ``(batch, heads, seq, seq)`` one block's attention of a padded batch.
+        spans: per batch row ``(offset, n)``: its real tokens are the columns
+            ``offset .. offset + n - 1``.
+        causal: as in :func:`summarize_attention`.
+
+    Returns:
+        Statistic -> ``(batch, heads)`` for each of ``PER_HEAD``, ``(batch, heads,
+        width)`` for each of ``PER_TOKEN`` (token ``i`` of a row at index ``i``,
+        ``width`` its longest span), float64. A row of more than
+        :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens, where the
+        reference solves by Lanczos, is reduced alone with :func:`summarize_attention`.
+    """
+    from tokenfield.models.markov import DENSE_LIMIT
+
+    on = weights.device if weights.device.type in ("cpu", "cuda") else torch.device("cpu")
+    batch, heads = int(weights.shape[0]), int(weights.shape[1])
+    width = max(n for _offset, n in spans)
+    long = {
+        row: summarize_attention(
+            weights[row, :, offset : offset + n, offset : offset + n].to("cpu").float().numpy(),
+            causal=causal,
+        )
+        for row, (offset, n) in enumerate(spans)
+        if n > DENSE_LIMIT  # long: one prompt at a time, as the reference (Lanczos)
+    }
+    out = {
+        name: torch.full((batch, heads), float("nan"), dtype=torch.float64, device=on)
+        for name in PER_HEAD
+    }
+    out["stationary"] = torch.zeros((batch, heads, width), dtype=torch.float64, device=on)
+    out["stationary_nosink"] = torch.full(
+        (batch, heads, width), float("nan"), dtype=torch.float64, device=on
+    )
+    for row, summary in long.items():
+        n = spans[row][1]
+        for name in PER_HEAD:
+            out[name][row] = torch.tensor(getattr(summary, name), device=on)
+        for name in PER_TOKEN:
+            out[name][row, :, :n] = torch.tensor(getattr(summary, name), device=on)
+    short = [row for row, (_offset, n) in enumerate(spans) if n <= DENSE_LIMIT]
+    if not short:
+        return out
+    m = max(spans[row][1] for row in short)
+    step = max(1, _CHUNK_ELEMENTS // (heads * m * m))
+    for begin in range(0, len(short), step):
+        chosen = short[begin : begin + step]
+        index = torch.tensor(chosen, device=weights.device)
+        offsets = torch.tensor([spans[r][0] for r in chosen], device=weights.device)
+        lengths = torch.tensor([spans[r][1] for r in chosen], device=on)
+        # token i of each row at index i: (rows, m) source columns (clamped past the end)
+        cols = (offsets[:, None] + torch.arange(m, device=weights.device)).clamp(
+            max=weights.shape[-1] - 1
+        )
+        cut = weights[
+            index[:, None, None, None],
+            torch.arange(heads, device=weights.device)[None, :, None, None],
+            cols[:, None, :, None],
+            cols[:, None, None, :],
+        ]  # (rows, heads, m, m): the one copy
+        reduced = _reduce_padded(cut.to(on, torch.float64), lengths, causal)
+        at = torch.tensor(chosen, device=on)
+        for name, value in reduced.items():
+            if name in PER_TOKEN:
+                out[name][at, :, :m] = value
+            else:
+                out[name][at] = value
+    return out
+
+
+def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``|lambda_2|`` and ``pi`` of the symmetrised chains of ``a`` ``(..., m, m)``
+    (zero outside ``valid`` ``(..., m)``), as :func:`symmetrized_spectrum`.
+
+    Zero rows and columns (padding) add zero eigenvalues to ``D^-1/2 W D^-1/2``,
+    which leave ``max(|lambda_min|, |lambda_(n-1)|)`` unchanged.
+    """
+    w = a + a.transpose(-1, -2)
+    degree = w.sum(-1)
+    degree = torch.where(degree > 0, degree, torch.ones_like(degree))
+    real = degree * valid
+    pi = real / real.sum(-1, keepdim=True)
+    root = degree.rsqrt()
+    s = w * root[..., :, None] * root[..., None, :]
+    if s.shape[-1] < 2:
+        return torch.full(s.shape[:-2], float("nan"), dtype=s.dtype, device=s.device), pi
+    values = torch.linalg.eigvalsh(s)  # ascending; the last is 1
+    lam = torch.maximum(values[..., 0].abs(), values[..., -2].abs()).clamp(max=1.0)
+    return lam, pi
+
+
+def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
+    """The statistics of :func:`summarize_attention` for ``a`` ``(rows, heads, m, m)``
+    float64, row ``r``'s matrix in its top-left ``lengths[r]`` corner."""
+    m = a.shape[-1]
+    i = torch.arange(m, device=a.device)
+    valid = (i[None, :] < lengths[:, None])[:, None, :].to(a.dtype)  # (rows, 1, m)
+    a = a.clamp(min=0.0) * valid[..., :, None] * valid[..., None, :]
+    sums = a.sum(-1, keepdim=True)
+    a = a / torch.where(sums > 0, sums, torch.ones_like(sums))
+    nan = torch.tensor(float("nan"), dtype=a.dtype, device=a.device)
+    several = (lengths > 1)[:, None]  # (rows, 1)
+    queries = valid * (i >= 1).to(a.dtype)  # (rows, 1, m): i >= 1
+    count = (lengths - 1).clamp(min=1).to(a.dtype)[:, None]  # (rows, 1)
+    logs = torch.log(torch.where(a > 0, a, torch.ones_like(a)))
+    entropy_rows = -(a * logs).sum(-1)  # (rows, heads, m)
+    if causal:
+        keys = (i + 1).to(a.dtype)[None, None, :].expand_as(queries)
+    else:
+        keys = lengths.to(a.dtype)[:, None, None].expand_as(queries)
+    scale = torch.where(queries > 0, torch.log(keys), torch.ones_like(keys))
+    entropy = (entropy_rows / scale * queries).sum(-1) / count
+    sink = (a[..., :, 0] * queries).sum(-1) / count
+    lam, pi = _chain_spectrum(a, valid)
+    # causal: triangular, so the eigenvalues are the diagonal
+    moduli = (a.diagonal(dim1=-2, dim2=-1) if causal else torch.linalg.eigvals(a)).abs()
+    raw = moduli.topk(min(2, m), dim=-1).values[..., -1]
+    # without the sink: token 0 dropped, rows renormalised, an empty row a self-loop
+    rest = valid * (i >= 1).to(a.dtype)
+    b = a * rest[..., :, None] * rest[..., None, :]
+    sums = b.sum(-1)
+    empty = (sums <= 0) & (rest > 0)
+    b = b + torch.diag_embed(empty.to(a.dtype))
+    sums = b.sum(-1, keepdim=True)
+    b = b / torch.where(sums > 0, sums, torch.ones_like(sums))
+    lam_ns, pi_ns = _chain_spectrum(b, rest)
+    pi_ns = torch.where(rest > 0, pi_ns, nan)
+    return {
+        "entropy": torch.where(several, entropy, nan),
+        "sink_mass": torch.where(several, sink, nan),
+        "lambda2": torch.where(several, lam, nan),
+        "lambda2_nosink": torch.where((lengths > 2)[:, None], lam_ns, nan),
+        "raw_lambda2": torch.where(several, raw, nan),
+        "stationary": pi,
+        "stationary_nosink": torch.where(several[..., None], pi_ns, nan),
+    }
 
 
 def _weights_of(output: Any) -> torch.Tensor | None:

@@ -70,6 +70,25 @@ __all__ = [
 ]
 
 
+# A streamed trace writes its batches to the run this often (and at the end, and
+# when interrupted): a kill loses at most this much work. 0 writes every batch.
+FLUSH_SECONDS = 5.0
+
+
+def _flush_seconds() -> float:
+    """:data:`FLUSH_SECONDS`, or the ``TOKENFIELD_FLUSH_SECONDS`` environment variable."""
+    import os
+
+    value = os.environ.get("TOKENFIELD_FLUSH_SECONDS", "")
+    try:
+        return max(0.0, float(value)) if value.strip() else FLUSH_SECONDS
+    except ValueError:
+        raise UserError(
+            f"TOKENFIELD_FLUSH_SECONDS={value!r} is not a number of seconds",
+            "set it to e.g. 5, or 0 to write every batch at once",
+        ) from None
+
+
 def _sha256(values: np.ndarray) -> str:
     import hashlib
 
@@ -468,6 +487,7 @@ def trace(
             overwrite=overwrite,
             batch_size=batch_size,
             weights_sha256=model.weights_sha256,
+            flush_seconds=_flush_seconds(),
         )
         if writer.complete:
             writer.close()

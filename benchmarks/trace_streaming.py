@@ -1,0 +1,183 @@
+"""Streaming and attention costs of a trace, against baselines measured in the same run.
+
+Same prompts, same batches, model load excluded, median of --repeats runs taken
+interleaved (so drifts in machine load hit every case alike):
+
+- plain HF: ``model(**inputs, output_hidden_states=True)`` reading every
+  layer's last token (what a user writes by hand);
+- ``tokenfield.trace`` in memory;
+- ``tokenfield.trace(out=...)``: streamed to a Zarr run (buffered flushes);
+- ``tokenfield.trace(attention=True)`` in memory (the attention read-out).
+
+Targets (issue 12): streamed <= 1.10x in memory; attention <= 3x a plain trace.
+
+With ``--rss``, also the peak resident memory (``ru_maxrss``) of a streamed
+``positions="all"`` trace of 200 and of 2,000 prompts by a tiny random-weight
+Llama, each in a fresh subprocess; target: 2,000 <= 1.5x 200.
+
+Usage: python benchmarks/trace_streaming.py [--model smollm2] [--repeats 5] [--rss] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RSS_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys, tempfile
+    sys.path.insert(0, {root!r})
+    import torch, transformers as tr
+    from tests.integration.tiny import WORDS, tiny_tokenizer
+    from tokenfield.models.load import wrap_model
+    import tokenfield as tf
+    torch.manual_seed(0)
+    config = tr.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    model = wrap_model(tr.AutoModelForCausalLM.from_config(config).eval(), tiny_tokenizer(),
+        name="tiny")
+    prompts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(8 + i % 9))
+               for i in range({n})]
+    tf.trace(model, prompts, positions="all", out=tempfile.mkdtemp() + "/run")
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    """
+)
+
+
+def peak_rss_kib(n: int) -> int:
+    code = RSS_SCRIPT.format(root=str(ROOT), n=n)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    if done.returncode:
+        raise SystemExit(done.stderr[-2000:])
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--prompts", default="seed-categories")
+    parser.add_argument("--positions", default="last", choices=["last", "all"])
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: CPU time means work done)"
+    )
+    parser.add_argument("--rss", action="store_true", help="also the 200 / 2,000 prompt RSS")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    import tokenfield as tf
+    from tokenfield.models.trace import _pad_batch, encode_prompts
+    from tokenfield.prompts import load_prompts
+
+    model = tf.load_model(args.model)
+    prompts = load_prompts(args.prompts)
+    encoded = encode_prompts(model, prompts)
+    batches = [
+        _pad_batch(encoded[i : i + args.batch_size], model, "last")["inputs"]
+        for i in range(0, len(encoded), args.batch_size)
+    ]
+    common = {"batch_size": args.batch_size, "positions": args.positions}
+
+    def plain() -> None:
+        with torch.inference_mode():
+            for inputs in batches:
+                out = model.model(**inputs, output_hidden_states=True, use_cache=False)
+                torch.stack([h[:, -1] for h in out.hidden_states])
+
+    def streamed() -> None:
+        tmp = tempfile.mkdtemp()
+        try:
+            tf.trace(model, prompts, out=f"{tmp}/run", **common)
+        finally:
+            shutil.rmtree(tmp)
+
+    cases = {
+        "plain HF, output_hidden_states": plain,
+        "tokenfield.trace (in memory)": lambda: tf.trace(model, prompts, **common),
+        "tokenfield.trace (streamed to Zarr)": streamed,
+        "tokenfield.trace --attention (in memory)": lambda: tf.trace(
+            model, prompts, attention=True, **common
+        ),
+    }
+    for fn in cases.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.repeats):
+        for name, fn in cases.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    # CPU seconds of this process: what the work costs, whatever else the machine runs
+    # (wall seconds are reported too; on a loaded machine they mostly measure the others).
+    medians = {name: statistics.median(ts) for name, ts in cpu.items()}
+    wall = {name: statistics.median(ts) for name, ts in times.items()}
+    names = list(cases)
+    plain_s, memory_s, zarr_s, attn_s = (medians[n] for n in names)
+    load = os.getloadavg()
+    print(
+        f"model {args.model}, {len(prompts)} prompts, positions {args.positions}, "
+        f"batch {args.batch_size}, {args.threads} torch thread(s), median of {args.repeats}; "
+        "load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores"
+    )
+    print(f"{'case':44s} {'CPU s':>8s} {'x plain':>8s} {'x memory':>9s} {'wall s':>8s}")
+    for name, value in medians.items():
+        print(
+            f"{name:44s} {value:8.4f} {value / plain_s:8.3f} {value / memory_s:9.3f} "
+            f"{wall[name]:8.4f}"
+        )
+    results = {
+        "cpu_medians_s": medians,
+        "wall_medians_s": wall,
+        "cpu_s": cpu,
+        "times_s": times,
+        "streamed_over_memory": zarr_s / memory_s,
+        "streamed_over_plain": zarr_s / plain_s,
+        "attention_over_trace": attn_s / memory_s,
+        "loadavg": load,
+    }
+    ratio = zarr_s / memory_s
+    print(
+        f"target: streamed <= 1.10x in memory -> {ratio:.3f}x: "
+        + ("MET" if ratio <= 1.10 else "NOT MET")
+    )
+    ratio = attn_s / memory_s
+    print(
+        f"target: --attention <= 3x trace -> {ratio:.3f}x: " + ("MET" if ratio <= 3 else "NOT MET")
+    )
+    if args.rss:
+        small, large = peak_rss_kib(200), peak_rss_kib(2000)
+        results.update(rss_kib_200=small, rss_kib_2000=large)
+        print(
+            f"peak RSS, streamed positions=all trace: 200 prompts {small / 1024:.0f} MiB, "
+            f"2,000 prompts {large / 1024:.0f} MiB ({large / small:.2f}x; target <= 1.5x: "
+            + ("MET" if large <= 1.5 * small else "NOT MET")
+            + ")"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The batched attention reduction equals the per-head reference (summarize_attention)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tokenfield.models.attention import reduce_attention_batch
+from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
+
+TOL = 1e-10  # both float64 from the same float32 weights: eigensolver rounding only
+
+
+def padded_batch(lengths, heads, causal, seed=0, left=True):
+    """Random attention of prompts of ``lengths`` padded into one batch, plus spans."""
+    rng = np.random.default_rng(seed)
+    width = max(lengths)
+    weights = np.zeros((len(lengths), heads, width, width), dtype=np.float32)
+    spans = []
+    for row, n in enumerate(lengths):
+        logits = rng.normal(size=(heads, n, n)) * 3
+        if causal:
+            logits = np.where(np.tril(np.ones((n, n))) > 0, logits, -np.inf)
+        a = np.exp(logits - logits.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        if n > 2:
+            a[0, 2] = 0.0  # a head that puts everything on the sink
+            a[0, 2, 0] = 1.0
+        offset = width - n if left else 0
+        weights[row, :, offset : offset + n, offset : offset + n] = a
+        spans.append((offset, n))
+    return torch.from_numpy(weights), spans
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_batched_reduction_equals_the_reference_per_prompt_and_head(causal):
+    lengths = [1, 2, 3, 7, 12, 5]
+    weights, spans = padded_batch(lengths, heads=4, causal=causal, left=causal)
+    got = reduce_attention_batch(weights, spans, causal)
+    for row, (offset, n) in enumerate(spans):
+        cut = weights[row, :, offset : offset + n, offset : offset + n].numpy()
+        expected = summarize_attention(cut, causal=causal)
+        for name in PER_HEAD:
+            np.testing.assert_allclose(
+                got[name][row].numpy(), getattr(expected, name), atol=TOL, err_msg=name
+            )
+        for name in PER_TOKEN:
+            np.testing.assert_allclose(
+                got[name][row, :, :n].numpy(), getattr(expected, name), atol=TOL, err_msg=name
+            )
+
+
+def test_padding_junk_does_not_leak_into_the_statistics():
+    weights, spans = padded_batch([3, 9], heads=2, causal=True)
+    clean = reduce_attention_batch(weights, spans, True)
+    dirty = weights.clone()
+    dirty[0, :, :6, :] = 0.5  # the padded rows and columns of the short prompt
+    dirty[0, :, :, :6] = 0.5
+    noisy = reduce_attention_batch(dirty, spans, True)
+    for name in (*PER_HEAD, *PER_TOKEN):
+        np.testing.assert_allclose(noisy[name].numpy(), clean[name].numpy(), atol=TOL)
+
+
+def test_a_prompt_past_the_dense_limit_takes_the_reference_path():
+    n = DENSE_LIMIT + 2
+    weights, spans = padded_batch([n, 4], heads=1, causal=True)
+    got = reduce_attention_batch(weights, spans, True)
+    expected = summarize_attention(weights[0, :, :n, :n].numpy(), causal=True)
+    np.testing.assert_allclose(got["lambda2"][0].numpy(), expected.lambda2, atol=TOL)
+    short = summarize_attention(weights[1, :, n - 4 :, n - 4 :].numpy(), causal=True)
+    np.testing.assert_allclose(got["lambda2_nosink"][1].numpy(), short.lambda2_nosink, atol=TOL)
