@@ -101,6 +101,7 @@ class LoadSpec:
 
 
 _MODELS: dict[LoadSpec, LoadedModel] = {}
+LOADS: dict[LoadSpec, int] = {}  # how often this process loaded each spec (tests: once)
 
 
 def worker_model(spec: LoadSpec, threads: int | None = None) -> LoadedModel:
@@ -114,7 +115,7 @@ def worker_model(spec: LoadSpec, threads: int | None = None) -> LoadedModel:
         if threads:
             torch.set_num_threads(int(threads))
         model = spec.load()
-        model.extra["loads_in_this_process"] = len(_MODELS) + 1
+        LOADS[spec] = LOADS.get(spec, 0) + 1
         _MODELS[spec] = model
     return model
 
