@@ -323,8 +323,12 @@ def _template(piece: xr.Dataset, n_particles: int, chunk: int) -> xr.Dataset:
             else:
                 out[name] = var
             continue
-        shape = tuple(n_particles if d == "particle" else s for d, s in zip(var.dims, var.shape))
-        chunks = tuple(chunk if d == "particle" else s for d, s in zip(var.dims, var.shape))
+        shape = tuple(
+            n_particles if d == "particle" else s for d, s in zip(var.dims, var.shape, strict=True)
+        )
+        chunks = tuple(
+            chunk if d == "particle" else s for d, s in zip(var.dims, var.shape, strict=True)
+        )
         if var.dtype == bool:  # xarray stores a lazy bool array as float; a real one as bool
             data: Any = np.zeros(shape, dtype=bool)
         elif var.dtype == object:
@@ -530,7 +534,9 @@ def trace_parallel(
                 trace_shard(spec, sub, shard, *args, model=client_model)  # type: ignore[arg-type]
                 finished_shard(shard.index)
         else:
-            _run_on_cluster(spec, prompt_list, pending, args, workers, scheduler, report, finished_shard)  # type: ignore[arg-type]
+            _run_on_cluster(
+                spec, prompt_list, pending, args, workers, scheduler, report, finished_shard
+            )  # type: ignore[arg-type]
         writer.finish()
     return open_run(out)
 
