@@ -399,6 +399,7 @@ def trace_parallel(
     report: ParallelReport | None = None,
     local: bool = False,
     on_shard: Callable[[int], Any] | None = None,
+    threads: int | None = None,
     **options: Any,
 ) -> xr.Dataset:
     """Trace ``prompts`` on Dask workers into the run ``out``; see the module docstring.
@@ -415,6 +416,9 @@ def trace_parallel(
         local: run the shards one after the other in this process, without
             Dask (what a single-process resume of a sharded run does).
         on_shard: called with each shard's index once it is recorded (tests).
+        threads: ``torch.set_num_threads`` in each worker before it loads the
+            model (default with ``workers``: ``max(1, cores // workers)``; with
+            ``scheduler``: left to the cluster, e.g. ``dask worker --nthreads``).
         options: the options of :func:`tokenfield.trace` (``positions``,
             ``batch_size``, ``chat``, ``truncate``, ``top_k``, ``attention``,
             ``logit_lens``, ``lens_k``, ``steer``, ``store_dtype``).
@@ -534,9 +538,19 @@ def trace_parallel(
                 trace_shard(spec, sub, shard, *args, model=client_model)  # type: ignore[arg-type]
                 finished_shard(shard.index)
         else:
+            if threads is None and workers:
+                threads = max(1, (os.cpu_count() or 1) // workers)
             _run_on_cluster(
-                spec, prompt_list, pending, args, workers, scheduler, report, finished_shard
-            )  # type: ignore[arg-type]
+                spec,  # type: ignore[arg-type]
+                prompt_list,
+                pending,
+                args,
+                workers,
+                scheduler,
+                threads,
+                report,
+                finished_shard,
+            )
         writer.finish()
     return open_run(out)
 
@@ -558,12 +572,12 @@ def _run_on_cluster(
     args: tuple[dict[str, Any], str],
     workers: int | None,
     scheduler: str | None,
+    threads: int | None,
     report: ParallelReport | None,
     finished_shard: Callable[[int], None],
 ) -> None:
     from dask.distributed import as_completed
 
-    threads = max(1, (os.cpu_count() or 1) // workers) if workers else None
     client, cluster = _client(workers, scheduler)
     try:
         with client:
