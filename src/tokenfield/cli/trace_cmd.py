@@ -161,7 +161,10 @@ def trace_command(
     Stores time 0 = embedding output and time i = raw output of block i for the
     chosen positions, the final-norm output apart, and the top-5 next tokens.
     With --attention and --logit-lens, also the attention statistics and the
-    logit lens (read them with 'tokenfield lens RUN').
+    logit lens (read them with 'tokenfield lens RUN'). To grow: --workers N or
+    --scheduler ADDRESS share the prompts among Dask workers, --device-map spreads
+    one model over devices, --dtype bfloat16 computes in half precision
+    (docs/scaling.md).
     """
     from tokenfield._progress import console as make_console
     from tokenfield.models.load import load_model
