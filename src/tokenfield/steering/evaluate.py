@@ -246,7 +246,7 @@ def evaluate_steering(
     """Run the protocol above; return JSON-able results (the ``eval.json`` content)."""
     from tokenfield.steering.closed_loop import progress_toward
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if n < 1 or validation < 1 or fit < 2 or shots < 0:
         raise UserError(
             "need at least 1 test, 1 validation and 2 fit problems (and no negative --shots)",
@@ -413,6 +413,9 @@ def evaluate_steering(
         label_shuffle=label_shuffle["accuracy"],
     )
     timings["total_s"] = time.perf_counter() - started
+    # CPU seconds of this process (all threads): on a shared machine the wall time
+    # also counts the time other processes held the cores
+    timings["cpu_s"] = time.process_time() - cpu_started
     problems = [
         {"split": split, "word": p.word, "math": p.expression, "answer": p.answer,
          "template": p.template}

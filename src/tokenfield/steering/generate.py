@@ -7,7 +7,7 @@ so a prompt gives the same result alone or in a batch, steered or not.
 from __future__ import annotations
 
 import contextlib
-import functools
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from tokenfield.errors import UserError
+from tokenfield.models.cascade import SharedKV, cascade
 from tokenfield.models.trace import _forward, _pad_batch, encode_prompts
 from tokenfield.prompts import as_prompts
 
@@ -164,56 +165,6 @@ class Condition:
     record: bool = False
 
 
-@functools.lru_cache(maxsize=1)
-def _buffer_layer_class() -> type:
-    """A KV-cache layer that writes new keys and values in place into a buffer
-    allocated once (no copy of the whole cache at every decoding step), and that
-    can be rewound to a length for free. Built on first use (transformers is heavy)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class BufferLayer(DynamicLayer):
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
-            super().__init__()
-            self.buf_keys, self.buf_values, self.length = keys, values, length
-            self.is_initialized = True
-            self.dtype, self.device = keys.dtype, keys.device
-            self._views()
-
-        def _views(self) -> None:
-            self.keys = self.buf_keys[:, :, : self.length]
-            self.values = self.buf_values[:, :, : self.length]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            n = key_states.shape[-2]
-            self.buf_keys[:, :, self.length : self.length + n] = key_states
-            self.buf_values[:, :, self.length : self.length + n] = value_states
-            self.length += n
-            self._views()
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.length
-
-    return BufferLayer
-
-
-def _buffer_cache(parts: list[tuple[torch.Tensor, torch.Tensor]], extra: int):
-    """A cache whose layer i holds ``parts[i]`` (keys, values) and room for ``extra`` more."""
-    from transformers import DynamicCache
-
-    layers = []
-    for keys, values in parts:
-        b, h, length, d = keys.shape
-        buf_k = keys.new_empty((b, h, length + extra, d))
-        buf_v = values.new_empty((b, h, length + extra, values.shape[-1]))
-        buf_k[:, :, :length] = keys
-        buf_v[:, :, :length] = values
-        layers.append(_buffer_layer_class()(buf_k, buf_v, length))
-    cache = DynamicCache()
-    cache.layers = layers
-    return cache
-
-
 def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
@@ -286,9 +237,11 @@ def answer_conditions(
       little padding; padding sits between the shared prefix and the middle part,
       masked, with positions counted from the mask).
 
-    The cache is then replicated for a group of conditions and decoded in one batch
-    of ``batch_size`` rows (prompt x condition), each row with its own steering
-    vector added at its own layer. Decoding stops once every row is finished (a
+    A group of conditions is then decoded in one batch of ``batch_size`` rows
+    (prompt x condition), each row with its own steering vector added at its own
+    layer. The shared prefix and the middle parts are never copied per row: the
+    attention reads them in place (:mod:`tokenfield.models.cascade`), and each row
+    keeps only its own tokens (the last prompt token and what it generates). Decoding stops once every row is finished (a
     newline, the end of its first integer, or an end-of-sequence token; see
     :func:`~tokenfield.steering.problems.answer_finished`) or has
     ``max_new_tokens`` tokens. ``positions="all"`` changes every position, so nothing
@@ -335,12 +288,19 @@ def answer_conditions(
                 return raw[:i]
         return raw
 
+    # transformers renamed ``past_key_values`` to ``cache`` (the old name warns)
+    cache_kwarg = (
+        "cache"
+        if "cache" in inspect.signature(model.model.forward).parameters
+        else "past_key_values"
+    )
+
     def forward(ids, mask, position_ids, cache):
         return model.model(
             input_ids=ids.to(device),
-            attention_mask=mask.to(device),
+            attention_mask=None if mask is None else mask.to(device),
             position_ids=position_ids.to(device),
-            past_key_values=cache,
+            **{cache_kwarg: cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -363,7 +323,8 @@ def answer_conditions(
             ):
                 break
             step_ids = token[:, None]
-            mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], 1)
+            if mask is not None:  # None: cascade attention, which needs no mask
+                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], 1)
             position_ids = position_ids[:, -1:] + 1
         return decoded
 
@@ -399,11 +360,12 @@ def answer_conditions(
             return {c.name: {"texts": texts[c.name], "states": states[c.name]} for c in conditions}
 
         shared = _common_prefix([e.ids for e in encoded])
-        prefix_cache = DynamicCache()
+        prefix = None
         if shared:
+            prefix_cache = DynamicCache()
             ids = torch.tensor([encoded[0].ids[:shared]])
             forward(ids, torch.ones_like(ids), torch.arange(shared)[None], prefix_cache)
-        prefix = _kv(prefix_cache) if shared else None
+            prefix = _kv(prefix_cache)  # (1, kv_heads, shared, head_dim) per layer
         order = sorted(range(n), key=lambda i: len(encoded[i].ids))
         per_group = max(1, min(len(conditions), batch_size))
         groups = [conditions[i : i + per_group] for i in range(0, len(conditions), per_group)]
@@ -419,27 +381,19 @@ def answer_conditions(
                 if middle:
                     mid_ids[r, width - len(middle) :] = torch.tensor(middle)
                     mid_mask[r, width - len(middle) :] = 1
-            mask = torch.cat([torch.ones((b, shared), dtype=torch.long), mid_mask], 1)
-            cache = DynamicCache()
-            if prefix is not None:
-                cache = _buffer_cache(
-                    [(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in prefix], width
-                )
+            # each prompt's own part once, over the shared prefix (never copied)
+            middle_kv = mid_positions = None
             if width:
-                positions_mid = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-                forward(mid_ids, mask, positions_mid, cache)
-            parts = _kv(cache) if (prefix is not None or width) else None
+                mid_cache = DynamicCache()
+                mid_positions = shared + (mid_mask.cumsum(-1) - 1).clamp(min=0)
+                mid_levels = SharedKV(prefix=prefix, own_mask=mid_mask.bool())
+                with cascade(model.model, mid_levels):
+                    forward(mid_ids, None, mid_positions, mid_cache)
+                middle_kv = _kv(mid_cache)  # (b, kv_heads, width, head_dim) per layer
             last_ids = torch.tensor([[encoded[i].ids[-1]] for i in rows])
+            last_positions = shared + mid_mask.sum(-1, keepdim=True)  # (b, 1)
             for group in groups:
                 c = len(group)
-                big = (
-                    _buffer_cache(
-                        [(k.repeat(c, 1, 1, 1), v.repeat(c, 1, 1, 1)) for k, v in parts],
-                        max_new_tokens + 1,
-                    )
-                    if parts is not None
-                    else DynamicCache()
-                )
                 deltas: dict[int, torch.Tensor] = {}
                 for j, condition in enumerate(group):
                     if condition.vector is None or condition.alpha == 0:
@@ -451,10 +405,18 @@ def answer_conditions(
                     deltas[layer][j * b : (j + 1) * b] = float(condition.alpha) * vec
                 recording = any(cond.record for cond in group)
                 store = [[] for _ in range(times)] if recording else None
-                full = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], 1).repeat(c, 1)
-                position_ids = full.sum(-1, keepdim=True) - 1
-                with _row_steering(model, deltas):
-                    out = decode(big, full, last_ids.repeat(c, 1), position_ids, store)
+                levels = SharedKV(
+                    prefix=prefix,
+                    middle=middle_kv,
+                    middle_mask=mid_mask.bool() if middle_kv is not None else None,
+                    middle_positions=mid_positions if middle_kv is not None else None,
+                    conditions=c,
+                )
+                with cascade(model.model, levels), _row_steering(model, deltas):
+                    out = decode(
+                        DynamicCache(), None, last_ids.repeat(c, 1), last_positions.repeat(c, 1),
+                        store,
+                    )  # fmt: skip
                 for j, condition in enumerate(group):
                     keep(condition, rows, out[j * b : (j + 1) * b], store,
                          slice(j * b, (j + 1) * b))  # fmt: skip
