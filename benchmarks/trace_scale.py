@@ -81,7 +81,7 @@ def cpu_mode(args: argparse.Namespace) -> dict:
         n_workers=args.workers,
         threads_per_worker=1,
         processes=True,
-        dashboard_address=None,
+        dashboard_address=":0",
         silence_logs=50,
     ) as cluster:
         timings = {}

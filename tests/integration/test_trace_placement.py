@@ -107,3 +107,27 @@ def test_cuda_path_equals_cpu(llama_dir):
     cpu = tf.trace(tf.load_model(str(llama_dir)), PROMPTS, positions="all")
     gpu = tf.trace(tf.load_model(str(llama_dir), device="cuda"), PROMPTS, positions="all")
     np.testing.assert_allclose(gpu.states.values, cpu.states.values, rtol=1e-4, atol=1e-5)
+
+
+def test_trace_takes_a_spec_string(llama_dir):
+    by_name = tf.trace(str(llama_dir), PROMPTS)
+    loaded = tf.trace(tf.load_model(str(llama_dir)), PROMPTS)
+    np.testing.assert_array_equal(by_name.states.values, loaded.states.values)
+    assert by_name.attrs["run"]["config"] == loaded.attrs["run"]["config"]
+
+
+def test_benchmark_cuda_mode_says_why_it_cannot_run():
+    """Without a GPU the CUDA benchmark stops with one stated reason, not silently."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the refusal is for machines without one")
+    script = Path(__file__).parents[2] / "benchmarks" / "trace_scale.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--device", "cuda"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "torch.cuda.is_available() is False" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -370,7 +370,7 @@ def _client(workers: int | None, scheduler: str | None):
         n_workers=int(workers or 1),
         threads_per_worker=1,
         processes=True,
-        dashboard_address=None,
+        dashboard_address=":0",
         silence_logs=50,  # logging.CRITICAL: the progress bar is the output
     )
     return Client(cluster), cluster
