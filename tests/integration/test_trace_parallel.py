@@ -96,6 +96,20 @@ def test_read_outs_and_public_api(cluster, models, tmp_path):
     same_run(single, parallel)
 
 
+def test_workers_spread_their_model(cluster, models, tmp_path):
+    """--workers with --device-map: each worker loads its copy over cpu and disk."""
+    spec = str(models["llama"])
+    spread = tf.load_model(
+        spec, device_map="sequential", max_memory="cpu=100KB", offload_folder=tmp_path / "off"
+    )
+    assert set(spread.model.hf_device_map.values()) == {"cpu", "disk"}
+    single = tf.trace(tf.load_model(spec), MANY, positions="all", batch_size=2)
+    parallel = tf.trace(
+        spread, MANY, out=tmp_path / "par", scheduler=cluster, positions="all", batch_size=2
+    )
+    np.testing.assert_array_equal(single.states.values, parallel.states.values)
+
+
 class Killed(Exception):
     pass
 
