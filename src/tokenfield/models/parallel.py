@@ -96,7 +96,9 @@ class LoadSpec:
             )
         args = dict(args)
         if args.get("max_memory") is not None:
-            args["max_memory"] = tuple(sorted((str(k), str(v)) for k, v in args["max_memory"].items()))
+            args["max_memory"] = tuple(
+                sorted((str(k), str(v)) for k, v in args["max_memory"].items())
+            )
         return cls(**args)
 
 
