@@ -104,9 +104,11 @@ def render_model(title: str, result: dict) -> str:
         lines.append("- **Verdict: does not support** — the claim that steering helps is "
                      "**not supported**:")  # fmt: skip
         lines += [f"  - {reason}" for reason in result["verdict_reasons"]]
-    total = result.get("timings", {}).get("total_s")
+    timings = result.get("timings", {})
+    total, cpu = timings.get("total_s"), timings.get("cpu_s")
     if total is not None:
-        lines.append(f"- Wall time of the evaluation: {total / 60:.1f} min.")
+        used = f" ({cpu / 60:.1f} min of CPU time)" if cpu is not None else ""
+        lines.append(f"- Wall time of the evaluation: {total / 60:.1f} min{used}.")
     return "\n".join(lines)
 
 
