@@ -13,7 +13,7 @@ import tokenfield as tf
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("positions", ["last"])
+@pytest.mark.parametrize("positions", ["last", "all"])
 def test_smollm2_two_workers_equal_single_process(smollm2, tmp_path, positions):
     options = {"positions": positions, "batch_size": 8}
     # Two workers on two cores run torch with one thread each; a float32 matmul
