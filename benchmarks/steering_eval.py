@@ -17,10 +17,11 @@ Two measurements, in one process so a busy machine affects both alike:
 
 The decoder's advantage grows with the number of conditions per prompt (the
 default evaluation decodes 35 conditions of each test prompt together); a small
-``--conditions`` understates it. Measured on the shared 2-core machine: 16 prompts x
-4 conditions, old 287 s, new 99 s (2.9x), answers identical; the whole default
-evaluation (about 12 000 answers) 55.7 min, 0.28 s per answer against 1.26 s per
-answer for the old protocol (42 min for 2 000 answers).
+``--conditions`` understates it. Measured on the shared 2-core machine (load average 3 to 5,
+one thread, ``--items 16 --conditions 8``): old 88.9 s wall / 45.3 s CPU, new 6.4 s wall /
+3.2 s CPU (14x), parsed answers identical. The whole default evaluation on SmolLM2 (about
+12 000 answers) used 3.6 min of CPU time (14.7 min of wall time while getting a quarter of a
+core); the previous decoder, which copied the KV cache per row, used 26 min of CPU time.
 
 Usage: python benchmarks/steering_eval.py [--model smollm2] [--items 16] [--conditions 4]
        [--full] [--json out.json]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from tokenfield._version import __version__
 
 # name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -48,7 +48,7 @@ _EXPORTS: dict[str, str] = {
     "merge_times": "tokenfield.analysis.clusters",
     "analyze_simulation": "tokenfield.analysis.simulation",
     "analyze": "tokenfield.analysis.run_analysis",
-    "analyze_run": "tokenfield.analysis.run_analysis",
+    "analyze_run": "tokenfield.pipelines.analyze",
     "RunAnalysis": "tokenfield.analysis.run_analysis",
     "fit_projection": "tokenfield.analysis.projection",
     "load_projection": "tokenfield.analysis.projection",
@@ -72,8 +72,11 @@ _EXPORTS: dict[str, str] = {
     "PhaseDiagramConfig": "tokenfield.meanfield.phase",
     "phase_diagram": "tokenfield.meanfield.phase",
     "metastability": "tokenfield.meanfield.metastability",
-    "theory_lens": "tokenfield.analysis.theory",
-    "write_theory": "tokenfield.analysis.theory",
+    "MetastabilityConfig": "tokenfield.meanfield.metastability",
+    "PlateauConfig": "tokenfield.meanfield.predict",
+    "GrowthConfig": "tokenfield.meanfield.predict",
+    "theory_lens": "tokenfield.pipelines.theory",
+    "write_theory": "tokenfield.pipelines.theory",
     "TheoryLens": "tokenfield.analysis.theory",
     "token_clouds": "tokenfield.analysis.clouds",
     "effective_beta": "tokenfield.analysis.effective_beta",

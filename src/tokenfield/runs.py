@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,8 +34,10 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import _json_default, write_json_atomic
 from tokenfield._lock import LOCK_NAME, WriterLock
 from tokenfield._lock import acquire as acquire_lock
+from tokenfield._version import __version__
 from tokenfield.errors import UserError
 
 RUN_JSON = "run.json"
@@ -54,43 +55,7 @@ Status = Literal["partial", "complete"]
 
 
 def _version() -> str:
-    from tokenfield import __version__
-
     return __version__
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and an atomic rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        with os.fdopen(fd, "w") as handle:
-            json.dump(obj, handle, indent=2, sort_keys=False, default=_json_default)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
 
 
 def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,7 +84,7 @@ class RunInfo:
     def complete(self) -> bool:
         return self.status == "complete"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "status": self.status,
@@ -129,6 +94,8 @@ class RunInfo:
             **({"all_chunks_written": True} if self.all_chunks else {}),
             **({"weights_sha256": self.weights_sha256} if self.weights_sha256 else {}),
         }
+
+    to_json = to_dict  # the old name of the one serialisation verb
 
 
 def _user_files(path: Path) -> list[str]:
@@ -232,7 +199,7 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     # plain numpy arrays; the states stay lazy.
     for name in list(ds.coords):
         ds.coords[name] = ds.coords[name].load()
-    ds.attrs["run"] = info.to_json()
+    ds.attrs["run"] = info.to_dict()
     return ds
 
 
@@ -443,7 +410,7 @@ class RunWriter:
                 all_chunks=True,
                 weights_sha256=weights,
             )
-            write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+            write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
         else:
             self.info = existing
             if not existing.complete:
@@ -539,7 +506,7 @@ class RunWriter:
         size = int(self.info.progress.get("size", 0)) + int(piece.sizes[self.append_dim])
         keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
         self.info.progress = {**progress, **keep, "done": int(done), "size": size}
-        write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+        write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
 
     def write_variables(self, variables: xr.Dataset) -> None:
         """Add variables that do not grow (e.g. computed at the end) to the store."""
@@ -564,7 +531,7 @@ class RunWriter:
             self._consolidate()
         self.info.status = "complete"
         self.info.progress = {**self.info.progress, **progress}
-        write_json_atomic(self.path / RUN_JSON, self.info.to_json())
+        write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
         self.close()
 
     def abandon(self) -> None:

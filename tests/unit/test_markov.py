@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenfield.analysis import markov
 from tokenfield.analysis.markov import (
     eigenvalue_moduli,
     row_entropy,
@@ -18,6 +17,7 @@ from tokenfield.analysis.markov import (
     without_sink,
 )
 from tokenfield.errors import UserError
+from tokenfield.models import markov
 
 TOL = 1e-10
 
@@ -78,7 +78,7 @@ def test_lanczos_branch_matches_dense(monkeypatch):
     a = np.tril(rng.random((n, n)) ** 4)
     a /= a.sum(1, keepdims=True)
     dense, pi_dense = symmetrized_spectrum(a)
-    monkeypatch.setattr(markov, "DENSE_LIMIT", 10)
+    monkeypatch.setattr(markov, "DENSE_LIMIT", 10)  # the reduction lives in models.markov
     sparse, pi_sparse = symmetrized_spectrum(a)
     assert sparse == pytest.approx(dense, abs=1e-7)
     np.testing.assert_allclose(pi_sparse, pi_dense, atol=TOL)

@@ -94,10 +94,10 @@ def test_atomic_json_never_half_written(tmp_path, monkeypatch):
     target = tmp_path / "x.json"
     write_json_atomic(target, {"v": 1})
 
-    def broken_dump(*_a, **_k):
+    def broken_fsync(*_a, **_k):  # the disk fills up before the data is down
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(json, "dump", broken_dump)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(RuntimeError):
         write_json_atomic(target, {"v": 2})
     monkeypatch.undo()

@@ -4,11 +4,10 @@
 - :mod:`~tokenfield.analysis.kinematics`: step lengths, turning, the seed's velocity.
 - :mod:`~tokenfield.analysis.separation`: category separation with a permutation
   null, bifurcation layers, centroid distances.
-- :mod:`~tokenfield.analysis.run_analysis`: all of it on one run; ``analyze_run``
-  writes ``metrics.json`` and the figures.
+- :mod:`~tokenfield.analysis.run_analysis`: all of it on one run (``analyze``).
 
-Nothing here imports a plotting library (``analyze_run`` reaches for
-:mod:`tokenfield.viz` lazily, only to draw).
+Nothing here opens or writes files, loads a model or draws: the workflows that do
+(``analyze_run`` writes ``metrics.json`` and the figures) are :mod:`tokenfield.pipelines`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from tokenfield.analysis.projection import (
 from tokenfield.analysis.run_analysis import (
     RunAnalysis,
     analyze,
-    analyze_run,
     display_labels,
     select_particles,
     summary_rows,
@@ -59,3 +57,12 @@ __all__ = [
     "summary_rows",
     "vector_angle",
 ]
+
+
+def __getattr__(name: str):
+    # Old import path (``from tokenfield.analysis import analyze_run``): now a pipeline.
+    if name == "analyze_run":
+        from tokenfield.pipelines.analyze import analyze_run
+
+        return analyze_run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

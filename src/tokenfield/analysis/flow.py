@@ -32,120 +32,33 @@ with the MLPs kept the flow is the trace (tested on tiny models).
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from tokenfield.errors import UserError
+from tokenfield.analysis.clusters import cluster_count
+from tokenfield.analysis.effective_beta import attention_field, effective_beta
 
-__all__ = ["AttentionFlow", "VARIANTS", "attention_flow", "flow_states", "mlps_removed"]
+__all__ = ["AttentionFlow", "FLOW_FIGURE", "FLOW_HTML", "FLOW_JSON", "GRAM_COS", "VARIANTS"]
+
+_MOVED = {
+    "attention_flow": "tokenfield.pipelines.flow",
+    "flow_states": "tokenfield.pipelines.flow",
+    "mlps_removed": "tokenfield.pipelines.flow",
+    "random_copy": "tokenfield.pipelines.flow",
+    "write_flow": "tokenfield.pipelines.flow",
+    "flow_html_section": "tokenfield.viz.flow",
+    "plot_flow": "tokenfield.viz.flow",
+}
 
 VARIANTS = ("full", "attention", "identity", "random_attention")
 GRAM_COS = 0.999
 
 
-def _mlp_owners(model: Any) -> list[Any]:
-    blocks = model.sites.blocks
-    owners = [block for block in blocks if hasattr(block, "mlp")]
-    if len(owners) != len(blocks):
-        raise UserError(
-            f"model '{model.name}' has blocks without an 'mlp' module ({model.family.name} family)",
-            "the attention-only flow supports llama-, gpt2- and gpt_neox-family models",
-        )
-    return owners
-
-
-@contextlib.contextmanager
-def mlps_removed(model: Any) -> Iterator[None]:
-    """Within the block, every block's MLP returns zero (restored after)."""
-    import torch
-
-    owners = _mlp_owners(model)
-    saved = [owner.mlp for owner in owners]
-
-    class Zero(torch.nn.Module):
-        def forward(self, hidden, *args, **kwargs):  # noqa: D401
-            return torch.zeros_like(hidden)
-
-    try:
-        for owner in owners:
-            owner._modules["mlp"] = Zero()
-        yield
-    finally:
-        for owner, mlp in zip(owners, saved, strict=True):
-            owner._modules["mlp"] = mlp
-
-
-def random_copy(model: Any, seed: int = 0) -> Any:
-    """A random-weight copy of ``model``'s architecture (seeded) whose token
-    embedding is the real one, so its layer-0 cloud is the real model's."""
-    import torch
-
-    from tokenfield.models.load import wrap_model
-
-    hf = model.model
-    config = copy.deepcopy(hf.config)
-    torch.manual_seed(seed)
-    twin = type(hf)(config).to(dtype=next(hf.parameters()).dtype, device=model.device)
-    wrapped = wrap_model(twin, model.tokenizer, f"{model.name} (random)", random_weights=True,
-                         seed=seed)  # fmt: skip
-    with torch.no_grad():
-        wrapped.sites.embed_tokens.weight.copy_(model.sites.embed_tokens.weight)
-    return wrapped
-
-
-def _prompts_of(ds: xr.Dataset) -> list[Any]:
-    import json
-
-    from tokenfield.prompts import as_prompts
-
-    config = json.loads(ds.attrs.get("tokenfield_config", "{}"))
-    if "prompts" not in config:
-        raise UserError("this run records no prompts", "trace it with tokenfield trace")
-    return as_prompts(config["prompts"])
-
-
-def flow_states(
-    model: Any,
-    prompts: Any,
-    variant: str,
-    *,
-    keep_mlp: bool = False,
-    chat: bool = False,
-    truncate: bool = False,
-    seed: int = 0,
-    real: xr.Dataset | None = None,
-) -> xr.Dataset:
-    """The token states ``(time, particle, feature)`` of one flow (``positions="all"``).
-
-    ``variant`` is ``"full"`` (the trace), ``"attention"`` (``keep_mlp=True`` puts
-    the MLPs back: then it equals the trace), ``"random_attention"`` or
-    ``"identity"`` (needs ``real``, the trace, for the start and the fits)."""
-    from tokenfield.models.trace import trace
-
-    options = dict(positions="all", chat=chat, truncate=truncate, top_k=1)
-    if variant == "full":
-        return trace(model, prompts, **options)
-    if variant in ("attention", "random_attention"):
-        target = model if variant == "attention" else random_copy(model, seed)
-        guard = contextlib.nullcontext() if keep_mlp else mlps_removed(target)
-        with guard:
-            return trace(target, prompts, **options)
-    if variant == "identity":
-        if real is None:
-            real = trace(model, prompts, **options)
-        return _identity_flow(real, model.causal)
-    raise UserError(f"unknown flow variant '{variant}'", f"use one of {', '.join(VARIANTS)}")
-
-
 def _identity_flow(real: xr.Dataset, causal: bool) -> xr.Dataset:
-    from tokenfield.analysis.effective_beta import attention_field, effective_beta
 
     fits = effective_beta(real, causal=causal)
     betas, steps = fits.column("beta"), fits.column("step")
@@ -235,7 +148,6 @@ class AttentionFlow:
 def _measure(
     states: np.ndarray, real: np.ndarray, groups: np.ndarray, eps: float
 ) -> tuple[np.ndarray, ...]:
-    from tokenfield.analysis.clusters import cluster_count
 
     prompts = np.unique(groups)
     shape = (prompts.size, states.shape[0])
@@ -253,175 +165,16 @@ def _measure(
     return clusters.mean(0), cosine.mean(0), rank.mean(0), distance.mean(0)
 
 
-def attention_flow(
-    model: Any,
-    prompts: Any = None,
-    *,
-    real: xr.Dataset | None = None,
-    eps: float = 0.1,
-    seed: int = 0,
-    chat: bool = False,
-    truncate: bool = False,
-    progress: Any = None,
-) -> AttentionFlow:
-    """Run the four flows (module docstring) from each prompt's layer-0 cloud.
-
-    Args:
-        model: a loaded model (:func:`tokenfield.load_model`), llama / gpt2 /
-            gpt_neox family.
-        prompts: the prompts (default: those of ``real``).
-        real: the model's trace of the prompts with ``positions="all"`` (a run
-            Dataset); traced here when omitted.
-        eps: cluster threshold (tokens linked at ``cos >= 1 - eps``).
-        seed: the random-weight copy's seed.
-        progress: called with each variant's name as it starts.
-    """
-    from tokenfield.analysis.clusters import _check_eps
-
-    eps = _check_eps(eps)
-    _mlp_owners(model)
-    if real is not None:
-        import json
-
-        config = json.loads(real.attrs.get("tokenfield_config", "{}"))
-        if config.get("positions") != "all":
-            raise UserError(
-                "the attention-only flow needs a run traced with --positions all",
-                "trace it again with --positions all",
-            )
-        prompts = _prompts_of(real) if prompts is None else prompts
-    if prompts is None:
-        raise UserError("pass prompts or a traced run")
-    flows: dict[str, xr.Dataset] = {}
-    for variant in VARIANTS:
-        if progress is not None:
-            progress(variant)
-        if variant == "full" and real is not None:
-            flows[variant] = real
-            continue
-        flows[variant] = flow_states(
-            model, prompts, variant, chat=chat, truncate=truncate, seed=seed,
-            real=flows.get("full"),
-        )  # fmt: skip
-        if variant == "full":
-            real = flows["full"]
-    assert real is not None
-    reference = real["states"].transpose("time", "particle", "feature").values.astype(np.float64)
-    groups = real["prompt_index"].values
-    start = reference[0]
-    measures = []
-    for variant in VARIANTS:
-        states = flows[variant]["states"].transpose("time", "particle", "feature").values
-        states = states.astype(np.float64)
-        if states.shape != reference.shape:
-            raise UserError(
-                f"the {variant} flow has shape {states.shape}, the trace {reference.shape}",
-                "trace the run again with this model and --positions all",
-            )
-        if variant != "identity":
-            gap = np.abs(states[0] - start).max() / max(1e-12, np.abs(start).max())
-            if gap > 1e-4:
-                raise UserError(
-                    f"the {variant} flow does not start from the run's layer-0 cloud "
-                    f"(relative gap {gap:.1e})",
-                    "pass the model that made the run",
-                )
-        measures.append(_measure(states, reference, groups, eps))
-    stack = [np.stack([m[k] for m in measures]) for k in range(4)]
-    tokens = float(np.mean(np.unique(groups, return_counts=True)[1]))
-    return AttentionFlow(
-        time=np.asarray(real["time"].values),
-        variants=VARIANTS,
-        clusters=stack[0],
-        mean_cosine=stack[1],
-        gram_rank=stack[2],
-        distance=stack[3],
-        eps=eps,
-        model=str(getattr(model, "name", "")),
-        tokens=tokens,
-    )
-
-
 FLOW_JSON = "flow.json"
 FLOW_HTML = "flow.html"
 FLOW_FIGURE = "theory_flow.png"
 
 
-def flow_html_section(data: dict[str, Any], image: bytes | None = None) -> str:
-    """The report fragment: per layer, the four flows side by side."""
-    import base64
-    import html
+def __getattr__(name: str):
+    # Old import paths (docs/theory-lens.md: tokenfield.analysis.flow.attention_flow):
+    # the workflow is in tokenfield.pipelines.flow, the drawing in tokenfield.viz.flow.
+    if name in _MOVED:
+        import importlib
 
-    variants = list(data["variants"])
-    head = "".join(
-        f"<th>{html.escape(v)}: {m}</th>"
-        for m in ("clusters", "mean cos", "rank", "dist")
-        for v in variants
-    )
-    body = []
-    for t, layer in enumerate(data["time"]):
-        cells = "".join(
-            f"<td class='num'>{data['variants'][v][key][t]:.3g}</td>"
-            for key in ("clusters", "mean_cosine", "gram_rank", "distance")
-            for v in variants
-        )
-        body.append(f"<tr><td class='num'>{layer}</td>{cells}</tr>")
-    img = (
-        f"<figure><img alt='attention-only flow' src='data:image/png;base64,"
-        f"{base64.b64encode(image).decode()}'></figure>"
-        if image
-        else ""
-    )
-    return (
-        f"<h3>The attention-only flow ({html.escape(str(data['model']))})</h3>"
-        "<p class='note'>From each prompt's layer-0 cloud: full = the trace; attention = the "
-        "block's attention sub-layer only (MLP removed, residual and norms kept); identity = "
-        "the Q = K = V = I step with the fitted beta; random_attention = a random-weight "
-        f"copy's attention. Clusters at cos >= 1 - {data['eps']:g}; rank of [cos >= "
-        f"{data['gram_cos']}]; dist = mean angle to the real token (rad). Means over "
-        "prompts.</p>"
-        f"{img}<div class='scroll'><table><thead><tr><th>layer</th>{head}</tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table></div>"
-    )
-
-
-def plot_flow(flow: AttentionFlow):
-    from tokenfield.viz._common import new_figure
-
-    fig, axes = new_figure((12, 3.4), ncols=4)
-    for ax, (values, label) in zip(
-        axes,
-        ((flow.clusters, f"clusters (eps {flow.eps:g})"), (flow.mean_cosine, "mean cosine"),
-         (flow.gram_rank, "rank at cos >= 0.999"), (flow.distance, "distance to trace (rad)")),
-        strict=True,
-    ):  # fmt: skip
-        for i, variant in enumerate(flow.variants):
-            ax.plot(flow.time, values[i], marker=".", label=variant)
-        ax.set_xlabel("layer")
-        ax.set_title(label, fontsize=9)
-    axes[0].legend(fontsize=7)
-    return fig
-
-
-def write_flow(run: Any, flow: AttentionFlow) -> Any:
-    """Write ``RUN/flow.json``, the report fragment ``RUN/flow.html``
-    (``tokenfield report --section RUN/flow.html``) and ``RUN/figures/theory_flow.png``."""
-    import io
-    import os
-    from pathlib import Path
-
-    from tokenfield.runs import write_json_atomic
-
-    run = Path(run)
-    data = flow.to_dict()
-    write_json_atomic(run / FLOW_JSON, data)
-    buffer = io.BytesIO()
-    plot_flow(flow).savefig(buffer, format="png", dpi=90)
-    (run / "figures").mkdir(exist_ok=True)
-    for name, content in ((Path("figures") / FLOW_FIGURE, buffer.getvalue()),
-                          (Path(FLOW_HTML), f"<section>{flow_html_section(data, buffer.getvalue())}"
-                                            "</section>\n".encode()),):  # fmt: skip
-        tmp = run / name.parent / f".{name.name}.tmp"
-        tmp.write_bytes(content)
-        os.replace(tmp, run / name)
-    return run / FLOW_JSON
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from tokenfield.analysis.nulls import max_null_pvalues
+from tokenfield.analysis.nulls import claim_status, max_null_pvalues
 from tokenfield.errors import UserError
 
 __all__ = ["ProbeCurve", "pooled_features", "last_token_features", "probe_accuracy"]
@@ -69,8 +69,6 @@ class ProbeCurve:
     def best(self) -> dict[str, Any]:
         """The time with the best accuracy, its accuracy and both p-values, and
         whether "the category is decodable" holds on the corrected p-value."""
-        from tokenfield.analysis.nulls import claim_status
-
         if not np.isfinite(self.accuracy).any():
             return {"time": None, "accuracy": None, "p": None, "p_corrected": None,
                     "claim": "not supported"}  # fmt: skip

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import atomic_path
 from tokenfield.errors import UserError
 
 PROJECTION_NPZ = "projection.npz"
@@ -90,9 +91,8 @@ class Projection:
         }
         if self.times is not None:
             arrays["times"] = np.asarray(self.times)
-        tmp = path.with_name(f".{path.name}.tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
+        with atomic_path(path, ".npz") as tmp:
+            np.savez(tmp, **arrays)
         return path
 
 

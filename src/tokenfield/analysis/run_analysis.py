@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import to_jsonable
 from tokenfield.analysis.kinematics import kinematics
 from tokenfield.analysis.nulls import ALPHA, claim_status
 from tokenfield.analysis.projection import (
@@ -35,7 +35,6 @@ from tokenfield.analysis.separation import (
     separation,
 )
 from tokenfield.errors import UserError
-from tokenfield.runs import FIGURES, METRICS_JSON, open_run, write_json_atomic
 
 
 def select_particles(ds: xr.Dataset, which: str = "last") -> xr.Dataset:
@@ -138,9 +137,11 @@ class RunAnalysis:
     baseline: RunAnalysis | None = None
     simulation: Any = None
 
-    def to_metrics(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The analysis as JSON data (NaN becomes null), the content of metrics.json."""
-        return _jsonable(_metrics(self))
+        return to_jsonable(_metrics(self), default=str)
+
+    to_metrics = to_dict  # the old name of the one serialisation verb
 
 
 def analyze(
@@ -408,35 +409,6 @@ def _particle_rows(result: RunAnalysis) -> list[dict[str, Any]]:
     return rows
 
 
-def _jsonable(value: Any) -> Any:
-    """Plain JSON data: arrays to lists, numpy scalars to Python, NaN/inf to None."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, xr.DataArray):
-        return _jsonable(value.values)
-    if isinstance(value, xr.Dataset):
-        return {name: _jsonable(value[name].values) for name in value.data_vars}
-    if hasattr(value, "to_metrics"):
-        return _jsonable(value.to_metrics())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "__dataclass_fields__"):
-        import dataclasses
-
-        return _jsonable(dataclasses.asdict(value))
-    return str(value)
-
-
 def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str | None]]:
     """(name, value, baseline value) rows for the short summary table."""
 
@@ -511,69 +483,10 @@ def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
         return str(value)
 
 
-def analyze_run(
-    path: str | Path,
-    baseline: str | Path | xr.Dataset | None = None,
-    *,
-    sphere: bool = False,
-    per_layer: bool = False,
-    seed: int = 0,
-    n_permutations: int = 200,
-    particles: str = "last",
-    figures: bool = True,
-    times: str = "seed",
-) -> dict[str, Any]:
-    """Analyse a run directory and write ``metrics.json``, ``projection.npz`` and
-    ``figures/`` into it. Simulated runs also get the simulation analysis.
+def __getattr__(name: str):
+    # Old import path: the workflow that opens a run and writes files lives in pipelines.
+    if name == "analyze_run":
+        from tokenfield.pipelines.analyze import analyze_run
 
-    Args:
-        path: the run directory.
-        baseline: a baseline run (directory or Dataset), analysed side by side.
-        sphere, per_layer, seed, n_permutations, particles, times: see :func:`analyze`.
-        figures: also draw the figures (PNG and SVG, and an animated GIF).
-
-    Returns:
-        The metrics written to ``metrics.json``.
-    """
-    path = Path(path)
-    ds = open_run(path)
-    base_ds = open_run(baseline) if isinstance(baseline, (str, Path)) else baseline
-    if n_permutations < 0:
-        raise UserError(f"--permutations must be >= 0, got {n_permutations}", "use e.g. 200")
-    result = analyze(
-        ds,
-        baseline=base_ds,
-        sphere=sphere,
-        per_layer=per_layer,
-        seed=seed,
-        n_permutations=n_permutations,
-        particles=particles,
-        times=times,
-    )
-    if result.info["kind"] == "simulation":
-        from tokenfield.analysis.simulation import analyze_simulation
-
-        result.simulation = analyze_simulation(ds)
-    metrics = result.to_metrics()
-    metrics["run"] = str(path)
-    if isinstance(baseline, (str, Path)):
-        metrics["baseline_run"] = str(baseline)
-    written: list[str] = []
-    if figures:
-        # the one place analysis reaches for plotting, lazily: computing never needs it
-        from tokenfield.viz import write_figures
-
-        written = [str(p.relative_to(path)) for p in write_figures(result, path / FIGURES)]
-        if result.simulation is not None:
-            from tokenfield.viz import simulation as simulation_viz
-
-            written += [
-                str(Path(p).relative_to(path))
-                for p in simulation_viz.write_simulation_figures(
-                    result.simulation, ds, path / FIGURES
-                )
-            ]
-    metrics["figures"] = written
-    result.frame.save(path / PROJECTION_NPZ)
-    write_json_atomic(path / METRICS_JSON, metrics)
-    return metrics
+        return analyze_run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

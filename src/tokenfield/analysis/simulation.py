@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import json
-import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import to_jsonable
 from tokenfield.analysis.clusters import (
     DEFAULT_EPS,
     clusters,
@@ -57,7 +58,7 @@ def _bilinear(dynamics: dict[str, Any]) -> np.ndarray | None:
 
 
 def _finite(values: np.ndarray) -> list[float | None]:
-    return [float(v) if math.isfinite(v) else None for v in np.asarray(values, dtype=float)]
+    return to_jsonable(np.asarray(values, dtype=float))
 
 
 def _frame_indices(size: int, max_frames: int | None) -> np.ndarray:
@@ -156,3 +157,77 @@ def _analyze_one(
         },
         "energy_nondecreasing": bool(np.all(np.diff(finite) >= -1e-9 * max(scale, 1e-300))),
     }
+
+
+# At most this many particles are drawn (a fixed, evenly spaced subset).
+MAX_DRAWN = 4000
+
+
+@dataclass(frozen=True)
+class ParticleFrames:
+    """What the particle figures draw, computed here so drawing computes nothing.
+
+    Attributes:
+        time: ``(frames,)`` the saved times drawn.
+        points: ``(frames, n, d)`` the drawn particles (at most :data:`MAX_DRAWN`,
+            evenly spaced), scaled to unit norm.
+        labels: ``(frames, n)`` cluster labels at ``cos >= 1 - eps``.
+        basis: ``(2, d)`` the first two principal directions of the drawn states
+            (20 evenly spaced times) when ``d > 3``, else ``None``.
+    """
+
+    time: np.ndarray
+    points: np.ndarray
+    labels: np.ndarray
+    basis: np.ndarray | None
+
+    @property
+    def dim(self) -> int:
+        return int(self.points.shape[-1])
+
+
+def _drawn_states(ds: xr.Dataset | xr.DataArray, system: int = 0) -> xr.DataArray:
+    states = ds["states"] if isinstance(ds, xr.Dataset) else ds
+    if "system" in states.dims:
+        states = states.isel(system=system)
+    n = states.sizes["particle"]
+    if n > MAX_DRAWN:
+        states = states.isel(particle=np.linspace(0, n - 1, MAX_DRAWN).astype(int))
+    return states.transpose("time", "particle", "feature")
+
+
+def _unit_frame(states: xr.DataArray, index: int) -> np.ndarray:
+    x = np.asarray(states.isel(time=index).values, dtype=float)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+def pca_basis(sample: np.ndarray) -> np.ndarray:
+    """``(2, d)``: the first two principal directions of the rows of ``sample``
+    ``(m, d)`` (centred SVD)."""
+    sample = sample - sample.mean(axis=0)
+    _, _, vt = np.linalg.svd(sample, full_matrices=False)
+    return vt[:2]
+
+
+def particle_frames(
+    ds: xr.Dataset | xr.DataArray,
+    indices: Any,
+    *,
+    eps: float | None = None,
+    system: int = 0,
+) -> ParticleFrames:
+    """The particles of one system at the saved-time ``indices`` (ints, negative
+    allowed), unit-scaled, with their cluster labels and, for ``d > 3``, the PCA
+    basis of the whole run (see :class:`ParticleFrames`)."""
+    states = _drawn_states(ds, system)
+    eps = eps or DEFAULT_EPS
+    basis = None
+    if states.sizes["feature"] > 3:
+        picks = np.unique(np.linspace(0, states.sizes["time"] - 1, 20).astype(int))
+        basis = pca_basis(np.concatenate([_unit_frame(states, int(i)) for i in picks]))
+    indices = [int(i) for i in np.atleast_1d(indices)]
+    points = np.stack([_unit_frame(states, i) for i in indices])
+    labels = np.stack([clusters(x, eps).labels for x in points])
+    time = np.asarray(states["time"].values)[indices]
+    return ParticleFrames(time, points, labels, basis)

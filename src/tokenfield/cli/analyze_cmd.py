@@ -68,8 +68,9 @@ def analyze_command(
     from rich.table import Table
 
     from tokenfield._progress import console as make_console
-    from tokenfield.analysis.run_analysis import analyze_run, summary_rows
+    from tokenfield.analysis.run_analysis import summary_rows
     from tokenfield.errors import UserError
+    from tokenfield.pipelines.analyze import analyze_run
     from tokenfield.runs import read_run_info
 
     if times not in ("seed", "all"):

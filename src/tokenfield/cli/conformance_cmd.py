@@ -8,10 +8,7 @@ status 1 when an item fails.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated
@@ -20,19 +17,6 @@ import typer
 
 from tokenfield.cli._app import app
 from tokenfield.errors import UserError
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 @app.command(
@@ -61,9 +45,8 @@ def conformance_command(
     from rich.console import Console
     from rich.table import Table
 
-    from tokenfield.meanfield.conformance import ITEMS, run_suite
-    from tokenfield.runs import _version, check_writable_dir, write_json_atomic
-    from tokenfield.viz.conformance import conformance_html, figure_png
+    from tokenfield.pipelines.conformance import ITEMS, run_suite, write_conformance
+    from tokenfield.runs import check_writable_dir
 
     if only is not None and only not in ITEMS:
         raise UserError(f"unknown conformance item '{only}'", f"use one of {', '.join(ITEMS)}")
@@ -78,22 +61,7 @@ def conformance_command(
             quick=quick,
             progress=lambda name: status.update(f"conformance: {name}"),
         )
-    (out / "figures").mkdir(parents=True, exist_ok=True)
-    pngs = {}
-    for result in results:
-        if result.figure is not None:
-            pngs[result.name] = figure_png(result.figure)
-            _write_atomic(out / "figures" / f"{result.name}.png", pngs[result.name])
-    items = [r.to_dict() for r in results]
-    meta = {
-        "version": _version(),
-        "quick": quick,
-        "only": only,
-        "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    write_json_atomic(out / "conformance.json", {**meta, "items": items})
-    _write_atomic(out / "conformance.html", conformance_html(items, pngs, meta).encode())
+    items = write_conformance(out, results, quick=quick, only=only, started=started)
     table = Table(title="conformance" + (" (quick)" if quick else ""))
     for column in ("item", "measured", "status", "seconds"):
         table.add_column(column, overflow="fold")

@@ -46,9 +46,9 @@ def demo_command(
     import time
 
     from tokenfield._progress import console as make_console
-    from tokenfield.analysis.run_analysis import analyze_run
     from tokenfield.models.load import load_model
     from tokenfield.models.trace import trace
+    from tokenfield.pipelines.analyze import analyze_run
     from tokenfield.report import write_report
 
     console = make_console(stderr=True)  # progress; the report's path goes to stdout

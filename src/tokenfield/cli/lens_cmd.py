@@ -83,8 +83,8 @@ def lens_command(
     """
     from tokenfield._progress import ProgressBar
     from tokenfield._progress import console as make_console
-    from tokenfield.analysis.theory import model_of_run, theory_lens, write_theory
     from tokenfield.errors import UserError
+    from tokenfield.pipelines.theory import model_of_run, theory_lens, write_theory
     from tokenfield.runs import read_run_info
 
     read_run_info(run)  # a clear error before any work
@@ -146,8 +146,8 @@ def _flow(console, results, run: Path, model, eps: float, seed: int) -> None:
     """The attention-only flow: RUN/flow.json, RUN/flow.html and a table."""
     from rich.table import Table
 
-    from tokenfield.analysis.flow import attention_flow, write_flow
-    from tokenfield.analysis.theory import model_of_run
+    from tokenfield.pipelines.flow import attention_flow, write_flow
+    from tokenfield.pipelines.theory import model_of_run
     from tokenfield.runs import open_run
 
     ds = open_run(run).load()

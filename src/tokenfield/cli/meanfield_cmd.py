@@ -82,31 +82,21 @@ def _out_dir(out: Path | None, *, lock: bool = True) -> Path | None:
 
 
 def _emit(data: dict[str, Any], out: Path | None, name: str, as_json: bool) -> None:
-    from tokenfield.runs import write_json_atomic
+    from tokenfield._io import dumps
+    from tokenfield.pipelines.meanfield import write_result
 
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / f"{name}.json", data)
+        write_result(data, out, name)
     if as_json:
-        typer.echo(json.dumps(data, indent=2, default=_json_default))
-
-
-def _json_default(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON: {type(value)}")
+        typer.echo(dumps(data))
 
 
 def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:
     if out is None:
         return
-    from tokenfield.viz.meanfield import write_meanfield_figures
+    from tokenfield.pipelines.meanfield import write_figures
 
-    paths = write_meanfield_figures(results, out / "figures")
+    paths = write_figures(results, out)
     console.print(f"wrote {out} ({len(paths)} figure files)")
 
 

@@ -145,8 +145,8 @@ def steer_command(
     from rich.table import Table
 
     from tokenfield._progress import console as make_console
+    from tokenfield.pipelines.steer import closed_loop
     from tokenfield.runs import open_run, write_json_atomic
-    from tokenfield.steering.closed_loop import closed_loop
     from tokenfield.steering.vectors import SteeringVector, steering_vector
 
     alphas = _floats(alpha, "--alpha")

@@ -28,6 +28,7 @@ from tokenfield.meanfield.pde import (
     particles_from_density,
     von_mises_density,
 )
+from tokenfield.particles import Dynamics, SaveAt, simulate
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,6 @@ def _simulate_angles(
 ) -> np.ndarray:
     """``(systems, T, n)`` angles of particle runs started at ``theta0`` ``(systems, n)``."""
     import torch
-
-    from tokenfield.particles import Dynamics, SaveAt, simulate
 
     x0 = torch.from_numpy(np.stack([np.cos(theta0), np.sin(theta0)], axis=-1))
     ds = simulate(

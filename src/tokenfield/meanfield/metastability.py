@@ -29,12 +29,16 @@ term and should be closer to ``s`` at moderate ``beta``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from tokenfield._io import to_jsonable
+from tokenfield.analysis.clusters import cluster_count, count_changes
 from tokenfield.errors import UserError
+from tokenfield.particles import Adaptive, Dynamics, SaveAt, simulate
+from tokenfield.particles.init import caps
 
 
 def cap_centres(k: int, dim: int) -> np.ndarray:
@@ -55,35 +59,62 @@ def predicted_slope(k: int, dim: int, normalization: str = "sa", time: str = "pa
     return 1.0 - closest
 
 
+@dataclass(frozen=True)
+class MetastabilityConfig:
+    """The settings of :func:`first_merge_times` and :func:`metastability`.
+
+    Attributes:
+        k: caps (centres ``e_1, -e_1, e_2, ...``; ``2 <= k <= 2 d``).
+        dim: ``d``.
+        per_cap: particles per cap; cap_radius: the caps' angular radius.
+        normalization, time: the dynamics (``Q = K = V = I``).
+        seeds: systems in the batch (seeds ``seed .. seed + seeds - 1``).
+        eps: cluster threshold (linked at ``cos >= 1 - eps``).
+        t_cap: give up at this time (the merge time is then ``inf``).
+        rtol: the adaptive solver's tolerance (``atol = rtol / 100``).
+    """
+
+    k: int = 3
+    dim: int = 2
+    per_cap: int = 4
+    cap_radius: float = 0.1
+    normalization: str = "sa"
+    time: str = "paper"
+    seeds: int = 4
+    seed: int = 0
+    eps: float = 1e-2
+    t_cap: float = 5000.0
+    rtol: float = 1e-8
+
+    @classmethod
+    def of(cls, config: MetastabilityConfig | None = None, **overrides: Any):
+        """``config`` (default: the defaults) with ``overrides`` replaced."""
+        return replace(config or cls(), **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def first_merge_times(
     beta: float,
+    config: MetastabilityConfig | None = None,
     *,
-    k: int = 3,
-    dim: int = 2,
-    per_cap: int = 4,
-    cap_radius: float = 0.1,
-    normalization: str = "sa",
-    time: str = "paper",
-    seeds: int = 4,
-    seed: int = 0,
-    eps: float = 1e-2,
-    t_cap: float = 5000.0,
-    rtol: float = 1e-8,
     frames_per_segment: int = 64,
+    **overrides: Any,
 ) -> np.ndarray:
     """First merge time of each seed (``inf`` if none before ``t_cap``), ``(seeds,)``.
 
     Integrated with the adaptive Dormand-Prince solver (``rtol``, ``atol = rtol/100``,
     float64) over segments ``[t, 2t]`` (``t`` from 1), with ``frames_per_segment``
     log-spaced cluster counts in each, so the time is resolved to about
-    ``1 %``; stops when every seed has merged.
+    ``1 %``; stops when every seed has merged. ``config`` (a
+    :class:`MetastabilityConfig`) or its fields as keywords (``seeds=2``) set the rest.
     """
     import torch
 
-    from tokenfield.analysis.clusters import cluster_count, count_changes
-    from tokenfield.particles import Adaptive, Dynamics, SaveAt, simulate
-    from tokenfield.particles.init import caps
-
+    c = MetastabilityConfig.of(config, **overrides)
+    k, dim, per_cap, cap_radius, seeds, seed = c.k, c.dim, c.per_cap, c.cap_radius, c.seeds, c.seed
+    normalization, time, eps, t_cap, rtol = c.normalization, c.time, c.eps, c.t_cap, c.rtol
     if k < 2:
         raise UserError(f"metastability needs k >= 2 caps, not {k}")
     cap_centres(k, dim)  # validates k <= 2d
@@ -143,7 +174,7 @@ class MetastabilityResult:
 
     def to_dict(self) -> dict[str, Any]:
         def finite(values: np.ndarray) -> list[Any]:
-            return [float(v) if math.isfinite(v) else None for v in np.ravel(values)]
+            return to_jsonable(np.ravel(values).astype(float))
 
         return {
             **self.config,
@@ -159,28 +190,17 @@ class MetastabilityResult:
 
 def metastability(
     betas: Any,
+    config: MetastabilityConfig | None = None,
     *,
-    k: int = 3,
-    dim: int = 2,
-    per_cap: int = 4,
-    cap_radius: float = 0.1,
-    normalization: str = "sa",
-    time: str = "paper",
-    seeds: int = 4,
-    seed: int = 0,
-    eps: float = 1e-2,
-    t_cap: float = 5000.0,
-    rtol: float = 1e-8,
     fit_min_beta: float | None = None,
+    **overrides: Any,
 ) -> MetastabilityResult:
     """:func:`first_merge_times` for every ``beta`` and the fit of ``log T`` in ``beta``
-    (over ``beta >= fit_min_beta`` when given: the asymptotic regime)."""
+    (over ``beta >= fit_min_beta`` when given: the asymptotic regime). ``config`` (a
+    :class:`MetastabilityConfig`) or its fields as keywords (``k=3, dim=2``)."""
+    config = MetastabilityConfig.of(config, **overrides)
     betas = np.asarray(sorted(float(b) for b in np.atleast_1d(betas)), dtype=np.float64)
-    options = dict(
-        k=k, dim=dim, per_cap=per_cap, cap_radius=cap_radius, normalization=normalization,
-        time=time, seeds=seeds, seed=seed, eps=eps, t_cap=t_cap, rtol=rtol,
-    )  # fmt: skip
-    times = np.stack([first_merge_times(float(b), **options) for b in betas])  # (b, seeds)
+    times = np.stack([first_merge_times(float(b), config) for b in betas])  # (b, seeds)
     usable = np.isfinite(times).all(axis=1)
     if fit_min_beta is not None:
         usable &= betas >= fit_min_beta
@@ -195,11 +215,11 @@ def metastability(
         slope=slope,
         intercept=intercept,
         slope_corrected=corrected,
-        predicted_slope=predicted_slope(k, dim, normalization, time),
+        predicted_slope=predicted_slope(config.k, config.dim, config.normalization, config.time),
         config={
-            **options,
+            **config.to_dict(),
             "fit_min_beta": fit_min_beta,
-            "solver": {"name": "adaptive", "rtol": rtol, "atol": rtol / 100},
+            "solver": {"name": "adaptive", "rtol": config.rtol, "atol": config.rtol / 100},
             "dtype": "float64",
         },
     )

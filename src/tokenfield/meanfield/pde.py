@@ -40,6 +40,7 @@ import numpy as np
 from scipy.special import ive
 
 from tokenfield.errors import UserError
+from tokenfield.meanfield.stability import stability_spectrum
 
 Limiter = Literal["mc", "vanleer", "minmod"]
 TWO_PI = 2 * math.pi
@@ -86,8 +87,6 @@ class CirclePDE:
         if self.limiter not in ("mc", "vanleer", "minmod"):
             raise UserError(f"unknown limiter {self.limiter!r}", "use mc, vanleer or minmod")
         if self.max_dt is None:
-            from tokenfield.meanfield.stability import stability_spectrum
-
             top = stability_spectrum(
                 self.beta,
                 normalization=self.normalization,

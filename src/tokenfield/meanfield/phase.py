@@ -41,7 +41,10 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import to_jsonable
 from tokenfield.errors import UserError
+from tokenfield.particles import Dynamics, SaveAt, simulate
+from tokenfield.particles.init import uniform
 
 VARIABLE = "merged_probability"
 
@@ -169,8 +172,6 @@ def merged_fraction(states: np.ndarray, delta: float, pairs: str = "all") -> np.
 
 def starts(config: PhaseDiagramConfig, dim: int):
     """The ``(S, n, d)`` random starts for dimension ``dim`` (seed ``seed + d``)."""
-    from tokenfield.particles.init import uniform
-
     return uniform(config.n_particles, dim, seed=config.seed + dim, batch=config.n_systems)
 
 
@@ -181,8 +182,6 @@ def compute_block(config: PhaseDiagramConfig, dim_index: int, start: int, stop: 
     the worker; restoring it here would race with concurrent tasks in threaded
     workers); :func:`phase_diagram` restores the caller's setting at the end."""
     import torch
-
-    from tokenfield.particles import Dynamics, SaveAt, simulate
 
     torch.set_num_threads(1)
     dim = config.dims[dim_index]
@@ -445,4 +444,4 @@ def summarize(ds: xr.Dataset) -> dict[str, Any]:
 
 
 def _finite(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
+    return to_jsonable(float(value))

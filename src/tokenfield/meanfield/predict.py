@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from tokenfield.analysis.clusters import cluster_count, plateaus
 from tokenfield.errors import UserError
 from tokenfield.meanfield.stability import (
     Normalization,
@@ -39,6 +40,8 @@ from tokenfield.meanfield.stability import (
     growth_rates,
     stability_spectrum,
 )
+from tokenfield.particles import Dynamics, SaveAt, simulate
+from tokenfield.particles.init import add_noise, equispaced
 
 # USA runs in rescaled time; SA is the same in both conventions.
 TIME = "rescaled"
@@ -47,10 +50,22 @@ TIME = "rescaled"
 def _equispaced_start(n: int, noise: float, seeds: int, seed: int):
     import torch
 
-    from tokenfield.particles.init import add_noise, equispaced
-
     starts = [add_noise(equispaced(n, 2), noise, seed=seed + s) for s in range(seeds)]
     return torch.stack(starts)  # (seeds, n, 2)
+
+
+def _circle_run(beta: float, c: Any, t_max: float, step: float) -> Any:
+    """RK4 from ``c.seeds`` near-equispaced starts (``c``: a :class:`PlateauConfig`
+    or :class:`GrowthConfig`) to ``t_max``, ``c.frames + 1`` evenly spaced saves."""
+    x0 = _equispaced_start(c.n_particles, c.noise, c.seeds, c.seed)
+    return simulate(
+        Dynamics(beta=beta, normalization=c.normalization, time=TIME),
+        x0,
+        t_max=t_max,
+        dt=step,
+        solver="rk4",
+        saveat=SaveAt(times=np.linspace(0.0, t_max, c.frames + 1)),
+    )
 
 
 def linear_time(beta: float, noise: float, normalization: Normalization = "usa") -> float:
@@ -118,8 +133,6 @@ class FirstPlateau:
 def first_plateau(counts: np.ndarray, times: np.ndarray, min_duration: float):
     """The first :func:`~tokenfield.analysis.clusters.plateaus` entry lasting at
     least ``min_duration`` whose count differs from the starting count, or ``None``."""
-    from tokenfield.analysis.clusters import plateaus
-
     start_count = int(counts[0])
     for plateau in plateaus(counts, times, min_duration=min_duration):
         if plateau.count != start_count:
@@ -127,24 +140,23 @@ def first_plateau(counts: np.ndarray, times: np.ndarray, min_duration: float):
     return None
 
 
-def first_plateau_experiment(
-    beta: float,
-    *,
-    normalization: Normalization = "usa",
-    n_particles: int = 256,
-    noise: float = 1e-3,
-    seeds: int = 4,
-    seed: int = 0,
-    eps: float | None = None,
-    horizon: float = 4.0,
-    min_efolds: float = 3.0,
-    frames: int = 200,
-    dt: float | None = None,
-) -> FirstPlateau:
-    """Simulate ``seeds`` near-equispaced starts and find their first plateau.
+class _Settings:
+    """``of`` and ``to_dict`` for the frozen config dataclasses below."""
 
-    Args:
-        beta: inverse temperature.
+    @classmethod
+    def of(cls, config: Any = None, **overrides: Any) -> Any:
+        """``config`` (default: the defaults) with ``overrides`` replaced."""
+        return replace(config or cls(), **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class PlateauConfig(_Settings):
+    """The settings of :func:`first_plateau_experiment` (and :func:`cluster_prediction`).
+
+    Attributes:
         normalization: ``"usa"`` (run in rescaled time) or ``"sa"``.
         n_particles: ``n``.
         noise: angular noise scale of the start (``add_noise``).
@@ -159,10 +171,56 @@ def first_plateau_experiment(
         frames: cluster counts are taken at this many evenly spaced times.
         dt: RK4 step (default ``min(0.25, 0.1 / lambda_max)``).
     """
-    import torch
 
-    from tokenfield.analysis.clusters import cluster_count
-    from tokenfield.particles import Dynamics, SaveAt, simulate
+    normalization: Normalization = "usa"
+    n_particles: int = 256
+    noise: float = 1e-3
+    seeds: int = 4
+    seed: int = 0
+    eps: float | None = None
+    horizon: float = 4.0
+    min_efolds: float = 3.0
+    frames: int = 200
+    dt: float | None = None
+
+
+@dataclass(frozen=True)
+class GrowthConfig(_Settings):
+    """The settings of :func:`growth_rate_experiment`.
+
+    Attributes:
+        normalization, n_particles, noise, seeds, seed, frames: as in
+            :class:`PlateauConfig` (other defaults: the linear phase needs a
+            smaller start).
+        max_mode: fit modes ``1..max_mode`` (default ``2 k_max``, at most ``n/2 - 1``).
+        amplitude_limit: the fit stops where the largest amplitude reaches this.
+        dt: RK4 step (default ``0.05 / lambda_max``; the RK4 error in a rate is
+            ``O(lambda^5 dt^4)``).
+    """
+
+    normalization: Normalization = "usa"
+    n_particles: int = 256
+    noise: float = 1e-8
+    seeds: int = 2
+    seed: int = 0
+    max_mode: int | None = None
+    amplitude_limit: float = 1e-5
+    frames: int = 60
+    dt: float | None = None
+
+
+def first_plateau_experiment(
+    beta: float, config: PlateauConfig | None = None, **overrides: Any
+) -> FirstPlateau:
+    """Simulate ``seeds`` near-equispaced starts and find their first plateau.
+
+    ``config`` (a :class:`PlateauConfig`, whose fields are documented there) or its
+    fields as keywords (``n_particles=64, seeds=2``).
+    """
+    c = PlateauConfig.of(config, **overrides)
+    normalization, n_particles, noise, seeds = c.normalization, c.n_particles, c.noise, c.seeds
+    eps, horizon, min_efolds, dt = c.eps, c.horizon, c.min_efolds, c.dt
+    import torch
 
     if n_particles < 2 or seeds < 1:
         raise UserError("first_plateau_experiment needs n_particles >= 2 and seeds >= 1")
@@ -175,16 +233,7 @@ def first_plateau_experiment(
     step = min(0.25, 0.1 / spectrum.top_rate) if dt is None else float(dt)
     if eps is None:
         eps = 0.25 * (1 - math.cos(2 * math.pi / n_particles))
-    x0 = _equispaced_start(n_particles, noise, seeds, seed)
-    times = np.linspace(0.0, t_max, frames + 1)
-    ds = simulate(
-        Dynamics(beta=beta, normalization=normalization, time=TIME),
-        x0,
-        t_max=t_max,
-        dt=step,
-        solver="rk4",
-        saveat=SaveAt(times=times),
-    )
+    ds = _circle_run(beta, c, t_max, step)
     with torch.no_grad():
         series = np.asarray(cluster_count(ds.states.values, eps=eps))  # (seeds, T)
     counts, starts, ends = [], [], []
@@ -276,17 +325,7 @@ class GrowthRateFit:
 
 
 def growth_rate_experiment(
-    beta: float,
-    *,
-    normalization: Normalization = "usa",
-    n_particles: int = 256,
-    noise: float = 1e-8,
-    seeds: int = 2,
-    seed: int = 0,
-    max_mode: int | None = None,
-    amplitude_limit: float = 1e-5,
-    frames: int = 60,
-    dt: float | None = None,
+    beta: float, config: GrowthConfig | None = None, **overrides: Any
 ) -> GrowthRateFit:
     """Fit the growth rate of each Fourier amplitude in the linear phase.
 
@@ -295,13 +334,12 @@ def growth_rate_experiment(
     ``lambda_max``); the slope of ``log |rho_k|`` is fitted by least squares over
     the frames before any amplitude passes ``amplitude_limit``.
 
-    Args:
-        max_mode: fit modes ``1..max_mode`` (default ``2 k_max``, at most ``n/2 - 1``).
-        dt: RK4 step (default ``0.05 / lambda_max``; the RK4 error in a rate is
-            ``O(lambda^5 dt^4)``).
+    ``config`` (a :class:`GrowthConfig`, whose fields are documented there) or its
+    fields as keywords (``normalization="sa", n_particles=64``).
     """
-    from tokenfield.particles import Dynamics, SaveAt, simulate
-
+    c = GrowthConfig.of(config, **overrides)
+    normalization, n_particles, noise = c.normalization, c.n_particles, c.noise
+    max_mode, amplitude_limit, dt = c.max_mode, c.amplitude_limit, c.dt
     spectrum = stability_spectrum(beta, normalization=normalization, time=TIME)
     top = spectrum.top_rate
     if top <= 0:
@@ -311,16 +349,7 @@ def growth_rate_experiment(
     start_amplitude = noise / math.sqrt(n_particles)
     t_max = math.log(amplitude_limit / start_amplitude) / top
     step = 0.05 / top if dt is None else float(dt)
-    x0 = _equispaced_start(n_particles, noise, seeds, seed)
-    times = np.linspace(0.0, t_max, frames + 1)
-    ds = simulate(
-        Dynamics(beta=beta, normalization=normalization, time=TIME),
-        x0,
-        t_max=t_max,
-        dt=step,
-        solver="rk4",
-        saveat=SaveAt(times=times),
-    )
+    ds = _circle_run(beta, c, t_max, step)
     amplitudes = fourier_amplitudes(ds.states.values, modes)  # (seeds, T, m)
     keep = amplitudes.max(axis=(0, 2)) <= amplitude_limit
     keep[0] = True
@@ -361,18 +390,19 @@ class ClusterPrediction:
 
 def cluster_prediction(
     betas: Any,
+    config: PlateauConfig | None = None,
     *,
     normalizations: tuple[str, ...] = ("usa", "sa"),
     progress: Callable[[], Any] | None = None,
     **options: Any,
 ) -> ClusterPrediction:
     """:func:`first_plateau_experiment` for every ``beta`` and normalization
-    (``progress()`` is called after each)."""
+    (``progress()`` is called after each); ``config`` or ``options`` as there."""
     betas = [float(b) for b in np.atleast_1d(np.asarray(betas, dtype=float))]
     results = []
     for norm in normalizations:
         for beta in betas:
-            results.append(first_plateau_experiment(beta, normalization=norm, **options))  # type: ignore[arg-type]
+            results.append(first_plateau_experiment(beta, config, normalization=norm, **options))
             if progress is not None:
                 progress()
     return ClusterPrediction(tuple(results))

@@ -69,6 +69,7 @@ import numpy as np
 from scipy.special import gammaln, ive
 
 from tokenfield.errors import UserError
+from tokenfield.particles.dynamics import Dynamics
 
 Normalization = Literal["sa", "usa"]
 TimeConvention = Literal["paper", "rescaled"]
@@ -269,6 +270,17 @@ class StabilitySpectrum:
         return float(np.max(self.growth_rates))
 
     @property
+    def seed_rates(self) -> np.ndarray | None:
+        """The seed's ``I_k(beta) / beta`` at each mode, ``(modes,)``, NaN at ``k = 0``
+        (the mass, not a mode), for contrast in the figure; ``None`` off the circle
+        or for ``beta <= 0``."""
+        if self.dim != 2 or self.beta <= 0:
+            return None
+        seed = np.asarray(seed_growth_rates(self.modes, self.beta), dtype=float)
+        seed[0] = np.nan
+        return seed
+
+    @property
     def sqrt_2beta(self) -> float:
         """The large-``beta`` prediction ``sqrt(2 beta)`` for ``k_max`` (circle)."""
         return math.sqrt(2 * abs(self.beta))
@@ -423,8 +435,6 @@ def equispaced_jacobian(
     """
     import torch
 
-    from tokenfield.particles.dynamics import Dynamics
-
     beta, _ = _check(beta, 2, normalization, time)
     dynamics = Dynamics(beta=beta, normalization=normalization, time=time)
 
@@ -450,8 +460,6 @@ def circle_jacobian(
     spectrum decides stability: one zero eigenvalue (rotations) and, for a stable
     point, every other one negative."""
     import torch
-
-    from tokenfield.particles.dynamics import Dynamics
 
     beta, _ = _check(beta, 2, normalization, time)
     dynamics = Dynamics(beta=beta, normalization=normalization, time=time)

@@ -4,7 +4,7 @@ With ``trace(..., attention=True)`` a forward hook sits on every block's
 self-attention module. Under eager attention that module returns
 ``(attn_output, attn_weights)`` with weights ``(batch, heads, seq, seq)``; the
 hook cuts each prompt's real ``n x n`` block out of the padded batch, reduces it
-with :func:`tokenfield.analysis.markov.summarize_attention` (row entropy, sink
+with :func:`tokenfield.models.markov.summarize_attention` (row entropy, sink
 mass, ``|lambda_2|`` of the symmetrised chain with and without the sink, the
 stationary distribution) and lets the matrix go. What is kept per prompt and
 layer is ``O(heads * n)``, never ``O(heads * n^2)``: the only ``n x n`` tensors
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tokenfield.analysis.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
 from tokenfield.errors import UserError
+from tokenfield.models.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
 from tokenfield.models.sites import ModelSites
 
 __all__ = [

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from tokenfield.errors import UserError
+from tokenfield.runs import open_run
 
 KINDS = ("uniform", "equispaced", "orthogonal", "caps")
 
@@ -181,8 +182,6 @@ def from_run(
     Returns:
         ``(n, d)`` float64 unit vectors, ``n`` = the prompt's token count.
     """
-    from tokenfield.runs import open_run
-
     ds = open_run(path)
     kind = ds.attrs["run"]["kind"]
     if kind != "trace":

@@ -51,6 +51,7 @@ import xarray as xr
 
 from tokenfield.errors import UserError
 from tokenfield.particles.dynamics import Dynamics
+from tokenfield.runs import RunWriter, open_run
 
 Field = Callable[[torch.Tensor], torch.Tensor]
 
@@ -383,8 +384,6 @@ def simulate(
     run = dynamics.to(x.dtype, x.device)
     writer = None
     if out is not None:
-        from tokenfield.runs import RunWriter, open_run
-
         writer = RunWriter(out, "simulation", config, append_dim="time", overwrite=overwrite)
         if writer.complete:
             writer.close()
@@ -413,7 +412,6 @@ def simulate(
     if writer is None:
         return recorder.dataset(config)
     writer.finish()
-    from tokenfield.runs import open_run
 
     return open_run(out)
 

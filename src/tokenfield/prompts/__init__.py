@@ -45,8 +45,10 @@ class Prompt:
     category: str = ""
     label: str = ""
 
-    def to_json(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, str]:
         return asdict(self)
+
+    to_json = to_dict  # the old name of the one serialisation verb
 
 
 def as_prompts(prompts: Iterable[Prompt | str | dict[str, Any]]) -> list[Prompt]:

@@ -17,11 +17,9 @@ wrote (``RUN/figures/theory_*.png``) are shown either way.
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime as _dt
 import html
 import json
-import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import write_atomic
 from tokenfield.analysis.projection import (
     PROJECTION_NPZ,
     Projection,
@@ -43,8 +42,23 @@ from tokenfield.analysis.run_analysis import (
     select_times,
     summary_rows,
 )
+from tokenfield.analysis.simulation import analyze_simulation
 from tokenfield.errors import UserError
+from tokenfield.report.interactive import (
+    MAX_PARTICLES,
+    START_JS,
+    VIEW_JS,
+    PathSet,
+    _evenly,
+    figure_html,
+    hover_lines,
+    simulation_figures,
+    trajectory_views,
+    views_html,
+)
 from tokenfield.runs import FIGURES, METRICS_JSON, check_writable_dir, open_run, read_run_info
+from tokenfield.viz import write_figures
+from tokenfield.viz.theory import CAPTIONS as THEORY_CAPTIONS
 
 FIGURE_ORDER = (
     "trajectories",
@@ -174,8 +188,6 @@ def write_report(
         read_run_info(other)
     from plotly.offline import get_plotlyjs
 
-    from tokenfield.report.interactive import START_JS, VIEW_JS
-
     run_sections = [
         _run_section(path, i, overlay_list if i == 0 else ()) for i, path in enumerate(paths)
     ]
@@ -199,18 +211,7 @@ def write_report(
         "</body></html>\n"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(page)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a report is for sharing
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(out, page)  # the usual mode: a report is for sharing
     return out
 
 
@@ -230,9 +231,8 @@ def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = 
     else:
         options = {}
         result = analyze(ds)
-        metrics = result.to_metrics()
+        metrics = result.to_dict()
         frame = result.frame
-        from tokenfield.viz import write_figures
 
         with tempfile.TemporaryDirectory() as tmp:
             write_figures(result, tmp, animation=False)
@@ -274,9 +274,6 @@ def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = 
 def _simulation_views(ds: xr.Dataset, metrics: dict[str, Any], index: int) -> str:
     """A simulated run on its sphere (d = 2: angles against time; d = 3: the sphere in
     3-D with a time slider), and its energy and cluster count against time."""
-    from tokenfield.analysis.simulation import analyze_simulation
-    from tokenfield.report.interactive import figure_html, simulation_figures
-
     if "system" in ds["states"].dims:
         ds = ds.isel(system=0)
     analysis = metrics.get("simulation")
@@ -358,8 +355,6 @@ def _generated_paths(
     time_name: str,
 ) -> dict[int, tuple[dict[str, np.ndarray], list[list[str]]]]:
     """Each prompt's generated tokens: per frame key (time, n, 3), and hover lines (time, n)."""
-    from tokenfield.report.interactive import hover_lines
-
     if "is_generated" not in ds.coords or "prompt_index" not in ds.coords:
         return {}
     flags = np.asarray(ds["is_generated"].values, dtype=bool)
@@ -399,15 +394,6 @@ def _interactive(
 ) -> str:
     """The interactive trajectories of one run: 2-D / 3-D, both frames, hover with the
     token, its norm and the logit lens, the generated continuations and the overlays."""
-    from tokenfield.report.interactive import (
-        MAX_PARTICLES,
-        PathSet,
-        _evenly,
-        hover_lines,
-        trajectory_views,
-        views_html,
-    )
-
     if "system" in ds["states"].dims:
         ds = ds.isel(system=0)
     # the layers the analysis used (by default the seed's 0..L-1), for paths and overlays alike
@@ -502,8 +488,6 @@ def _overlay_set(
     matched by relative depth.
     """
     from scipy.linalg import orthogonal_procrustes
-
-    from tokenfield.report.interactive import MAX_PARTICLES, PathSet, _evenly, hover_lines
 
     ds = open_run(other)
     if "system" in ds["states"].dims:
@@ -676,7 +660,6 @@ def _figures(images: dict[str, tuple[str, bytes]]) -> str:
 def _theory_caption(name: str) -> str | None:
     if not name.startswith(THEORY_PREFIX):
         return None
-    from tokenfield.viz.theory import CAPTIONS as THEORY_CAPTIONS
 
     return THEORY_CAPTIONS.get(name)
 

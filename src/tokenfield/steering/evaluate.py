@@ -37,6 +37,7 @@ import numpy as np
 
 from tokenfield._progress import ProgressBar
 from tokenfield.errors import UserError
+from tokenfield.steering.closed_loop import progress_toward
 from tokenfield.steering.generate import Condition, answer_conditions, count_answers
 from tokenfield.steering.problems import Problem, few_shot, make_splits, parse_answer
 from tokenfield.steering.vectors import SteeringVector, check_layer, random_control
@@ -244,8 +245,6 @@ def evaluate_steering(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Run the protocol above; return JSON-able results (the ``eval.json`` content)."""
-    from tokenfield.steering.closed_loop import progress_toward
-
     started, cpu_started = time.perf_counter(), time.process_time()
     if n < 1 or validation < 1 or fit < 2 or shots < 0:
         raise UserError(

@@ -20,6 +20,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from tokenfield.errors import UserError
+
 __all__ = [
     "Problem",
     "make_problems",
@@ -55,8 +57,10 @@ class Problem:
     answer: int
     template: str
 
-    def to_json(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    to_json = to_dict  # the old name of the one serialisation verb
 
     @property
     def operands(self) -> list[int]:
@@ -107,8 +111,6 @@ TEMPLATES = {"add": _add, "sub": _sub, "mul": _mul, "mul_add": _mul_add}
 def _check_templates(templates: Sequence[str]) -> None:
     unknown = [t for t in templates if t not in TEMPLATES]
     if unknown or not templates:
-        from tokenfield.errors import UserError
-
         raise UserError(
             f"unknown problem template(s): {', '.join(unknown) or '(none given)'}",
             f"use any of: {', '.join(TEMPLATES)}",
@@ -165,8 +167,6 @@ def make_splits(
         UserError: an unknown template, a negative size, or more problems of a
             template than it has distinct math forms at this ``max_operand``.
     """
-    from tokenfield.errors import UserError
-
     _check_templates(templates)
     if max_operand < 2:
         raise UserError(f"--max-operand must be at least 2, got {max_operand}", "raise it")

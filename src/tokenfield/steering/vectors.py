@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import atomic_path
 from tokenfield.errors import UserError
 
 __all__ = ["SteeringVector", "steering_vector", "random_control", "METHODS"]
@@ -65,9 +66,8 @@ class SteeringVector:
 
         path = Path(path)
         meta = {"layer": str(self.layer), "provenance": json.dumps(self.provenance, default=str)}
-        tmp = path.with_name(f".{path.name}.tmp")
-        save_file({"vector": self.vector}, str(tmp), metadata=meta)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            save_file({"vector": self.vector}, str(tmp), metadata=meta)
         return path
 
     @classmethod

@@ -25,17 +25,14 @@ from tokenfield.viz._common import FORMATS, figure_for, new_figure, save_figure
 def plot_growth_rates(spectrum: Any, ax: Any = None, *, show_seed: bool = True):
     """``lambda_k`` against ``k`` (a :class:`~tokenfield.meanfield.StabilitySpectrum`),
     ``k_max`` marked; the seed's ``I_k / beta`` (rescaled to the same peak) for contrast."""
-    from tokenfield.meanfield.stability import seed_growth_rates
-
     fig, ax = figure_for(ax, (6, 3.5))
     modes, rates = spectrum.modes, spectrum.growth_rates
     ax.plot(modes, rates, "o-", color="C0", ms=3, label=f"lambda_k ({spectrum.normalization})")
     ax.axvline(spectrum.k_max, color="C0", ls=":", lw=1)
     ax.annotate(f"k_max = {spectrum.k_max}", (spectrum.k_max, spectrum.top_rate),
                 textcoords="offset points", xytext=(5, -12), fontsize=8)  # fmt: skip
-    if show_seed and spectrum.dim == 2 and spectrum.beta > 0:
-        seed = seed_growth_rates(modes, spectrum.beta)
-        seed[0] = np.nan  # k = 0 is the mass, not a mode
+    seed = spectrum.seed_rates if show_seed else None  # computed by meanfield, drawn here
+    if seed is not None:
         top = np.nanmax(seed)
         if np.isfinite(top) and top > 0:
             ax.plot(modes, seed / top * spectrum.top_rate, "x--", color="C3", ms=3, lw=0.8,

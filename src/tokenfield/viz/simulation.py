@@ -15,10 +15,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from tokenfield.analysis.simulation import particle_frames
 from tokenfield.viz._common import FORMATS, figure_for, new_figure, save_figure
-
-# At most this many particles are drawn (a fixed, evenly spaced subset).
-MAX_DRAWN = 4000
 
 
 def plot_cluster_count(analysis: dict[str, Any], ax: Any = None):
@@ -52,39 +50,9 @@ def plot_cluster_energy(analysis: dict[str, Any]):
     return fig
 
 
-def _states(ds: xr.Dataset | xr.DataArray, system: int = 0) -> xr.DataArray:
-    states = ds["states"] if isinstance(ds, xr.Dataset) else ds
-    if "system" in states.dims:
-        states = states.isel(system=system)
-    n = states.sizes["particle"]
-    if n > MAX_DRAWN:
-        states = states.isel(particle=np.linspace(0, n - 1, MAX_DRAWN).astype(int))
-    return states.transpose("time", "particle", "feature")
-
-
-def _frame(states: xr.DataArray, index: int) -> np.ndarray:
-    x = np.asarray(states.isel(time=index).values, dtype=float)
-    norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1.0)
-
-
-def _pca_basis(states: xr.DataArray) -> np.ndarray:
-    """``(2, d)``: the first two principal directions of every drawn state."""
-    picks = np.unique(np.linspace(0, states.sizes["time"] - 1, 20).astype(int))
-    sample = np.concatenate([_frame(states, int(i)) for i in picks])
-    sample = sample - sample.mean(axis=0)
-    _, _, vt = np.linalg.svd(sample, full_matrices=False)
-    return vt[:2]
-
-
-def _colors(x: np.ndarray, eps: float) -> np.ndarray:
-    from tokenfield.analysis.clusters import clusters
-
-    return clusters(x, eps).labels % 10
-
-
-def _draw(ax: Any, x: np.ndarray, dim: int, basis: np.ndarray | None, eps: float) -> None:
-    color = [f"C{c}" for c in _colors(x, eps)]
+def _draw(ax: Any, x: np.ndarray, labels: np.ndarray, basis: np.ndarray | None) -> None:
+    color = [f"C{c}" for c in labels % 10]
+    dim = x.shape[-1]
     if dim == 2:
         theta = np.linspace(0, 2 * np.pi, 200)
         ax.plot(np.cos(theta), np.sin(theta), color="0.8", lw=0.8)
@@ -116,17 +84,15 @@ def plot_particles(
 ):
     """The particles at one saved time, coloured by cluster: on the circle
     (``d = 2``), on the sphere (``d = 3``, 3D scatter) or in the first two
-    principal components of the run otherwise."""
-    from tokenfield.analysis.clusters import DEFAULT_EPS
-
-    states = _states(ds, system)
-    dim = states.sizes["feature"]
+    principal components of the run otherwise. The positions, labels and basis
+    come from :func:`tokenfield.analysis.simulation.particle_frames`."""
+    frames = particle_frames(ds, [time_index], eps=eps, system=system)
+    dim = frames.dim
     if ax is None:
         fig, ax = new_figure((5, 5), subplot_kw={"projection": "3d"} if dim == 3 else None)
     fig = ax.figure
-    basis = _pca_basis(states) if dim > 3 else None
-    _draw(ax, _frame(states, time_index), dim, basis, eps or DEFAULT_EPS)
-    t = float(states["time"].values[time_index])
+    _draw(ax, frames.points[0], frames.labels[0], frames.basis)
+    t = float(frames.time[0])
     ax.set_title(f"t = {t:.3g}")
     return fig
 
@@ -143,16 +109,13 @@ def animate_particles(
     """Write an animated GIF of the particles (at most ``max_frames`` frames)."""
     from matplotlib.animation import FuncAnimation, PillowWriter
 
-    from tokenfield.analysis.clusters import DEFAULT_EPS
-
-    states = _states(ds, system)
-    dim = states.sizes["feature"]
-    picks = np.unique(np.linspace(0, states.sizes["time"] - 1, max_frames).astype(int))
+    size = (ds["states"] if isinstance(ds, xr.Dataset) else ds).sizes["time"]
+    picks = np.unique(np.linspace(0, size - 1, max_frames).astype(int))
+    drawn = particle_frames(ds, picks, eps=eps, system=system)
+    dim, basis, times = drawn.dim, drawn.basis, drawn.time
     fig, ax = new_figure((4, 4), subplot_kw={"projection": "3d"} if dim == 3 else None)
     fig.set_layout_engine("none")
-    basis = _pca_basis(states) if dim > 3 else None
-    frames = [_frame(states, int(i)) for i in picks]
-    times = states["time"].values[picks]
+    frames = list(drawn.points)
     limits = None
     if basis is not None:
         pcs = np.concatenate([f @ basis.T for f in frames])
@@ -160,7 +123,7 @@ def animate_particles(
 
     def update(k: int):
         ax.clear()
-        _draw(ax, frames[k], dim, basis, eps or DEFAULT_EPS)
+        _draw(ax, frames[k], drawn.labels[k], basis)
         if limits is not None:
             ax.set_xlim(limits[0][0], limits[1][0])
             ax.set_ylim(limits[0][1], limits[1][1])

@@ -1,4 +1,4 @@
-"""Figures for :func:`tokenfield.analysis.theory.theory_lens`: real against ideal.
+"""Figures for :func:`tokenfield.pipelines.theory.theory_lens`: real against ideal.
 
 Every function takes the data a :class:`~tokenfield.analysis.theory.TheoryLens`
 holds (and optional axes) and returns the figure; :func:`write_theory_figures`

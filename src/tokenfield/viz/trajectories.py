@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from tokenfield._io import atomic_path
 from tokenfield.analysis.run_analysis import display_labels
 from tokenfield.viz._common import figure_for, finite_limits, new_figure, particle_colors
 
@@ -204,12 +205,10 @@ def animate_trajectories(
                 texts[p].xy = (plane[frame, p, 0], plane[frame, p, 1])
         ax.set_title(f"{time_name} {times[frame]}")
 
-    tmp = path.with_name(f".{path.stem}.tmp.gif")
     writer = PillowWriter(fps=fps)
     # drive the writer directly: FuncAnimation would draw every frame twice
-    with writer.saving(fig, str(tmp), dpi=80):
+    with atomic_path(path, ".gif") as tmp, writer.saving(fig, str(tmp), dpi=80):
         for frame in frames:
             draw(frame)
             writer.grab_frame()
-    tmp.replace(path)
     return path

@@ -10,7 +10,6 @@ import pytest
 
 from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
 from tokenfield.analysis import load_projection, project
-from tokenfield.cli import main
 from tokenfield.report import write_report
 from tokenfield.runs import open_run
 
@@ -46,22 +45,10 @@ def external_resources(text: str) -> list[str]:
     return parser.found
 
 
-def run_cli(args, capsys):
-    """Run the CLI; returns (exit status, stdout, stderr)."""
-    try:
-        main([str(a) for a in args])
-        status = 0
-    except SystemExit as exc:
-        status = exc.code
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
-
-
-def test_analyze_writes_metrics_projection_and_figures(runs, capsys):
+def test_analyze_writes_metrics_projection_and_figures(runs, cli):
     run = runs["run"]
-    status, out, err = run_cli(
-        ["analyze", run, "--baseline", runs["baseline"], "--seed", 3, "--permutations", 20],
-        capsys,
+    status, out, err = cli(
+        ["analyze", run, "--baseline", runs["baseline"], "--seed", 3, "--permutations", 20]
     )
     assert status == 0, err
     assert "Spearman(PC1, layer)" in out and "baseline" in out
@@ -79,11 +66,11 @@ def test_analyze_writes_metrics_projection_and_figures(runs, capsys):
     assert np.isfinite(pcs.values).all()
 
 
-def test_analyze_options_sphere_per_layer(runs, capsys, tmp_path):
+def test_analyze_options_sphere_per_layer(runs, tmp_path, cli):
     states, labels = clustered(n_per_category=2, n_time=5, n_feature=16)
     run = write_run(tmp_path / "r", trace_dataset(states, labels))
-    status, _, err = run_cli(
-        ["analyze", run, "--sphere", "--per-layer", "--permutations", 5, "--no-figures"], capsys
+    status, _, err = cli(
+        ["analyze", run, "--sphere", "--per-layer", "--permutations", 5, "--no-figures"]
     )
     assert status == 0, err
     metrics = json.loads((run / "metrics.json").read_text())
@@ -101,10 +88,10 @@ def test_analyze_options_sphere_per_layer(runs, capsys, tmp_path):
         ["report", "{run}", "--out", "{root}"],
     ],
 )
-def test_bad_input_exits_2_with_one_line(runs, capsys, args):
+def test_bad_input_exits_2_with_one_line(runs, capsys, args, cli):
     before = {p: p.stat().st_mtime_ns for p in runs["root"].rglob("*") if p.is_file()}
     args = [a.format(root=runs["root"], run=runs["run"]) for a in args]
-    status, out, err = run_cli(args, capsys)
+    status, out, err = cli(args)
     assert status == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tokenfield: error:"), err
@@ -112,9 +99,9 @@ def test_bad_input_exits_2_with_one_line(runs, capsys, args):
     assert after == before  # nothing written or changed
 
 
-def test_report_is_self_contained(runs, capsys, tmp_path):
+def test_report_is_self_contained(runs, capsys, tmp_path, cli):
     out = tmp_path / "report.html"
-    status, _, err = run_cli(["report", runs["run"], runs["baseline"], "--out", out], capsys)
+    status, _, err = cli(["report", runs["run"], runs["baseline"], "--out", out])
     assert status == 0, err
     text = out.read_text()
     assert text.count("data:image/png;base64,") >= 4

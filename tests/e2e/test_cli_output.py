@@ -7,20 +7,9 @@ import re
 import pytest
 import typer.main
 
-from tokenfield.cli import app, main
+from tokenfield.cli import app
 
 EMOJI = re.compile("[\U0001f000-\U0001faff\u2600-\u27bf\u2b00-\u2bff\ufe0f]")
-
-
-def run_cli(args, capsys):
-    """Run the CLI in process; returns (exit status, stdout, stderr)."""
-    try:
-        main([str(a) for a in args])
-        status = 0
-    except SystemExit as exc:
-        status = exc.code
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 def _commands() -> dict:
@@ -28,8 +17,8 @@ def _commands() -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(_commands()))
-def test_help_has_no_emoji_and_shows_flags_as_flags(name, capsys):
-    status, out, err = run_cli([name, "--help"], capsys)
+def test_help_has_no_emoji_and_shows_flags_as_flags(name, capsys, cli):
+    status, out, err = cli([name, "--help"])
     assert status == 0, err
     assert not EMOJI.search(out), EMOJI.findall(out)
     assert "<bool>" not in out  # a boolean flag takes no value
@@ -42,14 +31,14 @@ def test_help_has_no_emoji_and_shows_flags_as_flags(name, capsys):
             assert "<" not in line.split(spelled, 1)[1].split("  ")[0], line
 
 
-def test_range_syntax_is_printed_literally(capsys):
+def test_range_syntax_is_printed_literally(capsys, cli):
     for name in ("stability", "predict-clusters", "phase-diagram", "metastability"):
-        _, out, _ = run_cli([name, "--help"], capsys)
+        _, out, _ = cli([name, "--help"])
         assert "A:B:N" in out, name
 
 
-def test_a_flag_still_works_as_documented(capsys, tmp_path):
-    status, out, err = run_cli(["stability", "--beta", "4", "--json"], capsys)
+def test_a_flag_still_works_as_documented(capsys, tmp_path, cli):
+    status, out, err = cli(["stability", "--beta", "4", "--json"])
     assert status == 0, err
     assert out.lstrip().startswith("{")
 
@@ -57,50 +46,50 @@ def test_a_flag_still_works_as_documented(capsys, tmp_path):
 # --- where output goes: results on stdout, progress and notes on stderr ---------------
 
 
-def test_predict_clusters_prints_a_progress_bar_on_stderr(capsys):
+def test_predict_clusters_prints_a_progress_bar_on_stderr(capsys, cli):
     args = ["predict-clusters", "--betas", "1,2", "--dynamics", "usa", "--n", "8", "--seeds", "1"]
-    status, out, err = run_cli(args, capsys)
+    status, out, err = cli(args)
     assert status == 0, err
     assert "first plateau" in out and "experiments" not in out  # the table
     assert "2/2 experiments" in err and "first plateau" not in err  # the finished bar
 
 
-def test_phase_diagram_prints_a_progress_bar_on_stderr(capsys, tmp_path):
+def test_phase_diagram_prints_a_progress_bar_on_stderr(capsys, tmp_path, cli):
     args = ["phase-diagram", "--dims", "2", "--betas", "1,2", "--t-max", "1", "--frames", "3",
             "--n", "4", "--systems", "2", "--beta-block", "1", "--out", tmp_path / "pd"]  # fmt: skip
-    status, out, err = run_cli(args, capsys)
+    status, out, err = cli(args)
     assert status == 0, err
     assert "2 tasks run" in out and "wrote" in out
     assert "2/2 tasks" in err and "tasks run" not in err
     # resumed: nothing to do, the bar says 0/0 and the result says so
-    status, out, err = run_cli(args, capsys)
+    status, out, err = cli(args)
     assert status == 0 and "0 tasks run, 2 resumed" in out
 
 
-def test_json_output_stays_parseable_with_a_progress_bar(capsys):
+def test_json_output_stays_parseable_with_a_progress_bar(capsys, cli):
     import json
 
     args = ["predict-clusters", "--betas", "1", "--dynamics", "usa", "--n", "8", "--seeds", "1"]
-    status, out, err = run_cli([*args, "--json"], capsys)
+    status, out, err = cli([*args, "--json"])
     assert status == 0, err
     assert json.loads(out)["rows"][0]["beta"] == 1.0
     assert "1/1 experiments" in err
 
 
-def test_metastability_hints_at_t_cap_when_a_time_is_inf(capsys):
+def test_metastability_hints_at_t_cap_when_a_time_is_inf(capsys, cli):
     args = ["metastability", "--betas", "2,9", "--seeds", "1", "--t-cap", "50"]
-    status, out, err = run_cli(args, capsys)
+    status, out, err = cli(args)
     assert status == 0, err
     assert "inf" in out
     assert "raise --t-cap" in err and "beta = 9" in err and "hint" not in out
-    status, out, err = run_cli(["metastability", "--betas", "2,3", "--seeds", "1"], capsys)
+    status, out, err = cli(["metastability", "--betas", "2,3", "--seeds", "1"])
     assert status == 0 and "hint" not in err  # every seed merged: no hint
 
 
-def test_metastability_fit_from_restricts_the_fit(capsys):
+def test_metastability_fit_from_restricts_the_fit(capsys, cli):
     args = ["metastability", "--betas", "2,3,4", "--seeds", "1", "--json"]
-    _, everything, _ = run_cli(args, capsys)
-    _, tail, err = run_cli([*args, "--fit-from", "3"], capsys)
+    _, everything, _ = cli(args)
+    _, tail, err = cli([*args, "--fit-from", "3"])
     import json
 
     everything, tail = json.loads(everything), json.loads(tail)
@@ -133,10 +122,8 @@ def test_tables_are_printed_whole_when_not_a_terminal(capsys):
     assert "a note " + "y" * 200 in captured.err
 
 
-def test_a_long_hint_is_one_line(capsys):
-    status, _, err = run_cli(
-        ["metastability", "--betas", "9", "--seeds", "1", "--t-cap", "5"], capsys
-    )
+def test_a_long_hint_is_one_line(cli):
+    status, _, err = cli(["metastability", "--betas", "9", "--seeds", "1", "--t-cap", "5"])
     assert status == 0
     hint = [line for line in err.splitlines() if "hint" in line]
     assert len(hint) == 1 and hint[0].rstrip().endswith("--t-cap 200"), err
@@ -179,7 +166,7 @@ def test_lens_summary_hides_betas_of_fits_that_explain_nothing(capsys):
 # --- the first hour: a directory of runs, the README's examples ------------------------
 
 
-def test_a_directory_of_runs_names_the_runs_inside(capsys, tmp_path):
+def test_a_directory_of_runs_names_the_runs_inside(capsys, tmp_path, cli):
     from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
 
     states, labels = clustered(n_per_category=2, n_time=3, n_feature=8)
@@ -187,13 +174,13 @@ def test_a_directory_of_runs_names_the_runs_inside(capsys, tmp_path):
         write_run(tmp_path / "demo" / name, trace_dataset(states, labels))
     (tmp_path / "demo" / "report.html").write_text("<html></html>")
     for command in (["analyze"], ["report", "--out", tmp_path / "r.html"], ["lens"]):
-        status, out, err = run_cli([command[0], tmp_path / "demo", *command[1:]], capsys)
+        status, out, err = cli([command[0], tmp_path / "demo", *command[1:]])
         assert status == 2 and out == ""
         lines = err.strip().splitlines()
         assert len(lines) == 1, err
         assert "holds runs: seed-categories, seed-spectrum" in lines[0]
         assert "pass one of them" in lines[0]
-    status, _, err = run_cli(["analyze", tmp_path / "demo" / "seed-spectrum" / "figures"], capsys)
+    status, _, err = cli(["analyze", tmp_path / "demo" / "seed-spectrum" / "figures"])
     assert status == 2 and "not a tokenfield run" in err and "holds" not in err
 
 

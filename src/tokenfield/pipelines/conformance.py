@@ -1,0 +1,470 @@
+"""The conformance suite of ``tokenfield conformance``: each item runs a small
+experiment with the library's own functions, draws its figure, and is judged
+against its published reference (the items are described in
+:mod:`tokenfield.meanfield.conformance`, which keeps the pure measures);
+:func:`write_conformance` writes ``conformance.json``, ``conformance.html`` and
+``figures/ITEM.png``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+from scipy.integrate import solve_ivp
+
+from tokenfield._io import write_atomic, write_json_atomic
+from tokenfield._version import __version__
+from tokenfield.analysis.clusters import count_changes
+from tokenfield.errors import UserError
+from tokenfield.meanfield.conformance import (
+    STUCK_FIELD,
+    ItemResult,
+    _angles,
+    _sectoral_gradient,
+    classify_circle_states,
+    staircase,
+    stuck_spectrum,
+)
+from tokenfield.meanfield.convergence import pde_vs_particles
+from tokenfield.meanfield.metastability import metastability
+from tokenfield.meanfield.phase import PhaseDiagramConfig, equiangular_rate, phase_diagram
+from tokenfield.meanfield.predict import cluster_prediction
+from tokenfield.meanfield.stability import (
+    circulant_mode_eigenvalues,
+    discrete_growth_rates,
+    equispaced_jacobian,
+    growth_rates,
+    sphere_quadrature,
+    weighted_linearization,
+)
+from tokenfield.particles import Adaptive, Dynamics, SaveAt, simulate
+from tokenfield.particles.init import orthogonal, uniform
+from tokenfield.viz.conformance import (
+    conformance_html,
+    figure_png,
+    plot_equiangular,
+    plot_kmax,
+    plot_pde_rates,
+    plot_phase_rows,
+    plot_staircase,
+    plot_sync,
+)
+
+__all__ = ["ITEMS", "run_item", "run_suite", "write_conformance"]
+
+
+def _simulate(beta, x0, *, normalization="usa", time="paper", t_max, dt, solver="rk4", times):
+
+    return simulate(
+        Dynamics(beta=beta, normalization=normalization, time=time),
+        x0,
+        t_max=t_max,
+        dt=dt,
+        solver=solver,
+        saveat=SaveAt(times=tuple(float(t) for t in times)),
+    ).states.values
+
+
+def equiangular_item(quick: bool = False) -> ItemResult:
+
+    n, d, t_max = 5, 7, 3.0
+    times = np.linspace(0, t_max, 31)
+    curves, worst, spread = {}, 0.0, 0.0
+    for normalization in ("sa", "usa"):
+        for beta in (0.5, 2.0) if quick else (0.5, 2.0, 5.0):
+            # adaptive: USA in paper time is stiff near rho = 1 at larger beta
+            # (the rate's slope is ~2 e^beta, past RK4's stability at dt = 0.01 for beta = 5)
+            states = _simulate(
+                beta, orthogonal(n, d, seed=0), normalization=normalization,
+                t_max=t_max, dt=0.01, solver=Adaptive(rtol=1e-10, atol=1e-12), times=times,
+            )  # fmt: skip
+            gram = np.einsum("tid,tjd->tij", states, states)
+            upper = np.triu_indices(n, 1)
+            off = gram[:, upper[0], upper[1]]
+            ode = solve_ivp(
+                lambda _t, r, b=beta, z=normalization: [equiangular_rate(r[0], b, n, z)],
+                (0, t_max), [0.0], t_eval=times, rtol=1e-12, atol=1e-13,
+            ).y[0]  # fmt: skip
+            worst = max(worst, float(np.abs(off.mean(1) - ode).max()))
+            spread = max(spread, float(np.ptp(off, axis=1).max()))
+            curves[f"{normalization}, beta = {beta:g}"] = (off.mean(1), ode)
+    tol = 1e-7
+
+    return ItemResult(
+        name="equiangular",
+        reference="rho' = 2 e^{beta rho} (1 - rho)(1 + (n-1) rho) / Z (GLPR 2023, Thm 6.8)",
+        measured=f"max |rho_particles - rho_ODE| = {worst:.1e}; spread of <x_i,x_j> {spread:.1e}",
+        tolerance=f"<= {tol:g} (Dormand-Prince, rtol 1e-10)",
+        passed=worst <= tol and spread <= tol,
+        details={"n": n, "dim": d, "max_error": worst, "max_spread": spread},
+        figure=plot_equiangular(times, curves),
+    )
+
+
+def phase_diagram_item(quick: bool = False) -> ItemResult:
+
+    betas = (0.1, 3.0, 9.0) if quick else (0.1, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 9.0)
+    systems = 4 if quick else 64
+    grids: dict[str, np.ndarray] = {}
+    for normalization, clock in (("sa", "paper"), ("usa", "rescaled")):
+        for solver in ("rk4", "projected-euler"):
+            config = PhaseDiagramConfig(
+                dims=(2,), betas=betas, t_max=30.0, frames=31, n_particles=32,
+                n_systems=systems, delta=0.001, normalization=normalization, time=clock,
+                dt=0.1, solver=solver, beta_block=len(betas),
+            )  # fmt: skip
+            ds = phase_diagram(config)
+            grids[f"{normalization}/{solver}"] = ds["merged_probability"].sel(dim=2).values
+    diffs = {
+        z: float(np.abs(grids[f"{z}/rk4"] - grids[f"{z}/projected-euler"]).max())
+        for z in ("sa", "usa")
+    }
+    final = {k: v[:, -1] for k, v in grids.items()}
+    # d = 2 clusters fully at small beta by t = 30; large beta is slower (metastable)
+    merged_small = min(final[f"{z}/rk4"][0] for z in ("sa", "usa"))
+    slower_large = all(final[f"{z}/rk4"][-1] < final[f"{z}/rk4"][0] for z in ("sa", "usa"))
+    tol = 0.15
+
+    times = np.linspace(0, 30, 31)
+    return ItemResult(
+        name="phase-diagram",
+        reference="GLPR 2023 Fig. (d=2, n=32, beta 0.1..9, t<=30, share of pairs > 0.999): "
+        "all pairs merge at small beta, merging slows as beta grows",
+        measured=(
+            f"P(t=30, beta=0.1) >= {merged_small:.2f}; P(t=30) at beta=9 vs 0.1: "
+            f"SA {final['sa/rk4'][-1]:.2f} vs {final['sa/rk4'][0]:.2f}, "
+            f"USA {final['usa/rk4'][-1]:.2f} vs {final['usa/rk4'][0]:.2f}; "
+            f"max |RK4 - projected Euler| SA {diffs['sa']:.3f}, USA {diffs['usa']:.3f}"
+        ),
+        tolerance=f"P(t=30, beta=0.1) >= 0.95, decreasing to beta=9; integrators differ <= {tol}",
+        passed=merged_small >= 0.95 and slower_large and max(diffs.values()) <= tol,
+        details={
+            "betas": betas,
+            "systems": systems,
+            "difference": diffs,
+            "final": {k: v for k, v in final.items()},
+        },  # fmt: skip
+        figure=plot_phase_rows(times, betas, grids),
+    )
+
+
+def circle_sync_item(quick: bool = False) -> ItemResult:
+
+    betas = (
+        (-3.0, -1.0, -0.16, 0.5, 2.0)
+        if quick
+        else (-3.0, -2.0, -1.0, -0.8, -0.67, -0.5, -0.3, -0.16, 0.0, 0.5, 1.0, 2.0)
+    )
+    ns = (3, 5, 32) if quick else (3, 4, 5, 6, 7, 8, 32)
+    starts = 16 if quick else 64
+    t_max = 150.0 if quick else 400.0
+    table: dict[str, dict[str, Any]] = {}
+    stable_found, bad_high, moving_high = [], [], 0
+    for n in ns:
+        x0 = uniform(n, 2, seed=100 + n, batch=starts)
+        for beta in betas:
+            states = _simulate(
+                beta, x0, t_max=t_max, dt=0.05, solver=Adaptive(rtol=1e-9, atol=1e-12),
+                times=(t_max,),
+            )[:, -1]  # fmt: skip
+            labels, norms = classify_circle_states(states, beta)
+            row = {
+                "sync": float((labels == "sync").mean()),
+                "stuck": int((labels == "stuck").sum()),
+                "moving": int((labels == "moving").sum()),
+            }
+            spectra = []
+            for s in np.flatnonzero(labels == "stuck")[:4]:
+                top = stuck_spectrum(_angles(states[s]), beta)
+                spectra.append(top)
+                (stable_found if top < 0 else []).append(
+                    {
+                        "n": n,
+                        "beta": beta,
+                        "theta": np.sort(np.mod(_angles(states[s]), 2 * np.pi)),
+                        "top_eigenvalue": top,
+                    }  # fmt: skip
+                )
+            row["stuck_top_eigenvalues"] = spectra
+            table[f"n={n}, beta={beta:g}"] = row
+            if beta >= -0.16:
+                if row["stuck"]:
+                    bad_high.append((n, beta))
+                moving_high += row["moving"]
+    low_betas = [b for b in betas if b < -2 / 3]
+    stable_low = [f for f in stable_found if f["beta"] < -2 / 3]
+    sync_high = min(table[f"n={n}, beta={b:g}"]["sync"] for n in ns for b in betas if b >= -0.16)
+    passed = not bad_high and sync_high >= 0.95 and (not low_betas or len(stable_low) > 0)
+
+    example = stable_low[0] if stable_low else None
+    return ItemResult(
+        name="circle-synchronisation",
+        reference="PRY 2025: synchronisation from almost every start for beta >= -0.16; "
+        "fails for beta < -2/3 (stable non-synchronised stationary points exist)",
+        measured=(
+            f"beta >= -0.16: min fraction synchronised {sync_high:.2f}, stuck {len(bad_high)}, "
+            f"not yet merged {moving_high}; beta < -2/3: {len(stable_low)} stable "
+            f"non-synchronised stationary states found"
+            + (
+                f" (e.g. n={example['n']}, beta={example['beta']:g}, top eigenvalue "
+                f"{example['top_eigenvalue']:.3g})"
+                if example
+                else ""
+            )
+        ),
+        tolerance=f"no stuck state and >= 95 % synchronised for beta >= -0.16 (t = {t_max:g}); "
+        f">= 1 stable stuck state for beta < -2/3 (field < {STUCK_FIELD:g}, Jacobian max < 0)",
+        passed=passed,
+        details={
+            "betas": betas,
+            "ns": ns,
+            "starts": starts,
+            "t_max": t_max,
+            "table": table,
+            "stable_examples": stable_low[:6],
+        },  # fmt: skip
+        figure=plot_sync(betas, ns, table, stable_low[:3]),
+    )
+
+
+def linear_stability_item(quick: bool = False) -> ItemResult:
+    jac_err = 0.0
+    for normalization in ("usa", "sa"):
+        for beta in (-2.0, 0.5, 4.0, 16.0):
+            n = 64
+            modes = circulant_mode_eigenvalues(
+                equispaced_jacobian(n, beta, normalization=normalization)
+            )
+            ref = discrete_growth_rates(np.arange(n), beta, n, normalization=normalization)
+            jac_err = max(jac_err, float(np.abs(modes - ref).max() / np.abs(modes).max()))
+        points, weights = sphere_quadrature(3, 40)
+        for beta in (-3.0, 4.0):
+            rates = growth_rates(range(5), beta, dim=3, normalization=normalization)
+            for degree in (1, 2, 3, 4):
+                xi = _sectoral_gradient(points, degree)
+                moved = weighted_linearization(
+                    points, weights, xi, beta, normalization=normalization
+                )
+                err = np.abs(moved - rates[degree] * xi).max() / np.abs(xi).max()
+                jac_err = max(jac_err, float(err / np.abs(rates).max()))
+    betas = (2.0, 9.0) if quick else (1.0, 2.0, 4.0, 9.0, 16.0, 25.0, 49.0)
+    prediction = cluster_prediction(
+        betas, n_particles=64 if quick else 256, seeds=2 if quick else 4, noise=1e-3
+    )
+    rows = prediction.rows()
+    gaps = [abs(r["median_count"] - r["k_max"]) for r in rows]
+    gap = max(gaps) if all(math.isfinite(g) for g in gaps) else math.inf
+    tol_jac, tol_gap = 1e-8, 1.5
+
+    return ItemResult(
+        name="linear-stability",
+        reference="lambda_l = l(l+d-2) mu_l(beta)/beta (SA: / mu_0) vs the n-particle Jacobian; "
+        "k_max(beta) = argmax lambda_k vs the first cluster plateau",
+        measured=f"max rel. error of the rates {jac_err:.1e} (circle n=64, S^2 quadrature, "
+        f"beta incl. < 0); max |median first plateau - k_max| = {gap:g}",
+        tolerance=f"rates <= {tol_jac:g}; plateau within {tol_gap:g} of k_max",
+        passed=jac_err <= tol_jac and gap <= tol_gap,
+        details={"jacobian_error": jac_err, "plateau_rows": rows},
+        figure=plot_kmax(rows),
+    )
+
+
+def staircase_item(quick: bool = False) -> ItemResult:
+
+    n, beta = 32, 12.0
+    t_max = 2e4 if quick else 1e5
+    times = np.concatenate([[0.0], np.geomspace(0.1, t_max, 160 if quick else 300)])
+    runs = 1 if quick else 3
+    level_err, jump_err, merges, series = 0.0, 0.0, 0, []
+    for seed in range(runs):
+        states = _simulate(
+            beta, uniform(n, 2, seed=7 + seed), normalization="sa", t_max=t_max, dt=0.1,
+            solver="adaptive", times=times,
+        )  # fmt: skip
+        energy, level, counts, masses = staircase(states, times, beta)
+        formed = times >= 20.0  # the clusters have formed (a few e-folds of the linear phase)
+        # frames within a plateau: the count equals that of both neighbours
+        steady = (
+            formed
+            & (np.r_[counts[1:], counts[-1]] == counts)
+            & (np.r_[counts[0], counts[:-1]] == counts)
+        )
+        level_err = max(level_err, float(np.abs(energy - level)[steady].max()))
+        for change in count_changes(counts, times):
+            if not change.is_merge or change.time < 20.0:
+                continue
+            i = int(np.searchsorted(times, change.time))
+            # plateau to plateau: the last steady frame before, the first one after
+            pre, post = np.flatnonzero(steady[:i]), np.flatnonzero(steady[i:]) + i
+            if not pre.size or not post.size:
+                continue
+            before, after = masses[pre[-1]] * n, masses[post[0]] * n
+            if before.size != after.size + 1:
+                continue
+            jump = float(energy[post[0]] - energy[pre[-1]])
+            # the merged pair: the sizes that left the multiset
+            left = list(np.round(before).astype(int))
+            for w in np.round(after).astype(int):
+                if w in left:
+                    left.remove(w)
+            if len(left) == 2:
+                predicted = 2 * left[0] * left[1] / n**2
+                jump_err = max(jump_err, abs(jump - predicted))
+                merges += 1
+        series.append((energy, level, counts))
+    meta = metastability(
+        (4.0, 6.0, 8.0) if quick else (4.0, 6.0, 8.0, 10.0, 12.0),
+        normalization="sa", seeds=1 if quick else 4, t_cap=2e5,
+    )  # fmt: skip
+    tol_level, tol_slope = 0.02, 0.25
+    slope_ok = math.isfinite(meta.slope_corrected) and meta.slope_corrected > 0
+    slope_ok &= abs(meta.slope_corrected - meta.predicted_slope) <= tol_slope
+
+    return ItemResult(
+        name="metastable-staircase",
+        reference="GKPR 2024: E on plateaus at sum_k w_k^2/n^2, jumps 2 w_i w_j/n^2 at merges; "
+        "log plateau length ~ c beta (c = 1 - cos Delta_0 = 1 for caps at pi/2)",
+        measured=f"max |E - sum w_k^2/n^2| on plateaus {level_err:.2g}; max jump error "
+        f"{jump_err:.2g} over {merges} merges (SA, n={n}, beta={beta:g}); slope of log(T beta) "
+        f"{meta.slope_corrected:.3f} (log T: {meta.slope:.3f})",
+        tolerance=f"levels and jumps <= {tol_level:g}; >= 1 merge; slope within {tol_slope:g} "
+        f"of {meta.predicted_slope:g}",
+        passed=level_err <= tol_level and jump_err <= tol_level and merges >= 1 and slope_ok,
+        details={
+            "n": n,
+            "beta": beta,
+            "level_error": level_err,
+            "jump_error": jump_err,
+            "merges": merges,
+            "metastability": meta.to_dict(),
+        },  # fmt: skip
+        figure=plot_staircase(times, series, meta),
+    )
+
+
+def _slope_interval(ns: np.ndarray, w1: np.ndarray) -> tuple[float, float, float]:
+    """Slope of log W1 vs log n, with a 95 % interval: over seeds (``w1`` ``(N, S)``,
+    one slope per seed) or, for one seed, from the regression's standard error."""
+
+    logn = np.log(ns)
+    if w1.shape[1] > 1:
+        slopes = np.array([np.polyfit(logn, np.log(w1[:, s]), 1)[0] for s in range(w1.shape[1])])
+        _mean, sem = float(slopes.mean()), float(slopes.std(ddof=1) / math.sqrt(slopes.size))
+        half = float(stats.t.ppf(0.975, slopes.size - 1)) * sem
+        # the fit of the seed-mean W1 (what PDEComparison.rate reports) is the estimate
+        slope = float(np.polyfit(logn, np.log(w1.mean(axis=1)), 1)[0])
+        return slope, slope - half, slope + half
+    fit = stats.linregress(logn, np.log(w1[:, 0]))
+    half = float(stats.t.ppf(0.975, ns.size - 2)) * fit.stderr
+    return float(fit.slope), float(fit.slope) - half, float(fit.slope) + half
+
+
+def pde_item(quick: bool = False) -> ItemResult:
+
+    cells = 256 if quick else 2048
+    times = (0.0, 1.0, 2.0)
+    quantile = pde_vs_particles(
+        4.0, normalization="sa", ns=(32, 64, 128) if quick else (64, 128, 256, 512, 1024),
+        times=times, cells=cells, dt=0.01,
+    )  # fmt: skip
+    random = pde_vs_particles(
+        4.0, normalization="sa", ns=(32, 64, 128, 256) if quick else (64, 128, 256, 512, 1024),
+        times=times, cells=cells, sampling="random", seeds=6 if quick else 16, dt=0.02,
+    )  # fmt: skip
+    q = _slope_interval(quantile.ns, quantile.w1_per_seed[:, :, -1])
+    r = _slope_interval(random.ns, random.w1_per_seed[:, :, -1])
+    tol = 0.2
+    passed = abs(q[0] + 1) <= tol and abs(r[0] + 0.5) <= tol
+
+    return ItemResult(
+        name="mean-field-pde",
+        reference="W1(particles, PDE) ~ n^-1 (quantile starts), n^-1/2 (i.i.d. starts)",
+        measured=f"rate at t = {times[-1]:g}: quantile {q[0]:.3f} [{q[1]:.3f}, {q[2]:.3f}], "
+        f"i.i.d. {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}] (95 % intervals; i.i.d. over "
+        f"{random.w1_per_seed.shape[1]} seeds)",
+        tolerance=f"|rate - reference| <= {tol:g}",
+        passed=passed,
+        details={
+            "quantile": quantile.to_dict(),
+            "random": random.to_dict(),
+            "quantile_rate": q,
+            "random_rate": r,
+        },  # fmt: skip
+        figure=plot_pde_rates(quantile, random),
+    )
+
+
+ITEMS: dict[str, Callable[[bool], ItemResult]] = {
+    "equiangular": equiangular_item,
+    "phase-diagram": phase_diagram_item,
+    "circle-synchronisation": circle_sync_item,
+    "linear-stability": linear_stability_item,
+    "metastable-staircase": staircase_item,
+    "mean-field-pde": pde_item,
+}
+
+
+def run_item(name: str, quick: bool = False) -> ItemResult:
+    """Run one item (timed; torch on one thread, restored after)."""
+
+    if name not in ITEMS:
+        raise UserError(f"unknown conformance item {name!r}", f"use one of {', '.join(ITEMS)}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    try:
+        result = ITEMS[name](quick)
+    finally:
+        torch.set_num_threads(threads)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def run_suite(
+    only: str | None = None,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[ItemResult]:
+    """Run every item (or ``only`` one) in the documented order."""
+    names = list(ITEMS) if only is None else [only]
+    if only is not None and only not in ITEMS:
+        raise UserError(f"unknown conformance item {only!r}", f"use one of {', '.join(ITEMS)}")
+    results = []
+    for name in names:
+        if progress is not None:
+            progress(name)
+        results.append(run_item(name, quick))
+    return results
+
+
+def write_conformance(
+    out: str | Path, results: list[ItemResult], *, quick: bool, only: str | None, started: float
+) -> list[dict[str, Any]]:
+    """Write ``OUT/conformance.json``, ``OUT/conformance.html`` and each item's figure
+    ``OUT/figures/ITEM.png`` (atomically); ``started`` is the suite's
+    ``time.perf_counter()`` at its start. Returns the items as JSON data."""
+    out = Path(out)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    pngs = {}
+    for result in results:
+        if result.figure is not None:
+            pngs[result.name] = figure_png(result.figure)
+            write_atomic(out / "figures" / f"{result.name}.png", pngs[result.name])
+    items = [r.to_dict() for r in results]
+    meta = {
+        "version": __version__,
+        "quick": quick,
+        "only": only,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    write_json_atomic(out / "conformance.json", {**meta, "items": items})
+    write_atomic(out / "conformance.html", conformance_html(items, pngs, meta).encode())
+    return items
