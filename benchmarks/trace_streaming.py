@@ -85,14 +85,14 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     import tokenfield as tf
-    from tokenfield.models.trace import _pad_batch, encode_prompts
+    from tokenfield.models.batching import encode_prompts, pad_batch
     from tokenfield.prompts import load_prompts
 
     model = tf.load_model(args.model)
     prompts = load_prompts(args.prompts)
     encoded = encode_prompts(model, prompts)
     batches = [
-        _pad_batch(encoded[i : i + args.batch_size], model, "last")["inputs"]
+        pad_batch(encoded[i : i + args.batch_size], model, "last")["inputs"]
         for i in range(0, len(encoded), args.batch_size)
     ]
     common = {"batch_size": args.batch_size, "positions": args.positions}

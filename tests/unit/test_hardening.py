@@ -146,12 +146,15 @@ def test_an_interrupt_inside_a_command_exits_130_with_the_resume_line(
         time.sleep(5)  # the handler raises before this ends
 
     monkeypatch.setattr(integrate, "_run_fixed", interrupted)
+    # what the handler was before (SIG_IGN when the test runner was started in the
+    # background by a non-interactive shell, Python's default otherwise)
+    before = signal.getsignal(signal.SIGINT)
     out = tmp_path / "sim"
     code, _out, err = run_cli(["simulate", "--n", "4", "--t-max", "0.2", "--out", out], capsys)
     assert code == 130
     assert err.strip() == "tokenfield: interrupted; run the same command again to resume."
     assert read_run_info(out).status == "partial"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 # --- item 4: --overwrite deletes only what tokenfield wrote ---------------------

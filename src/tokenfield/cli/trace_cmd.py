@@ -49,7 +49,60 @@ def trace_command(
         bool, typer.Option("--truncate", help="Keep the last tokens of over-long prompts.")
     ] = False,
     device: Device = "cpu",
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Precision the model computes in: float32, bfloat16 or float16 (states "
+            "are stored as float32 all the same unless --store-dtype says otherwise)."
+        ),
+    ] = "float32",
+    store_dtype: Annotated[
+        str,
+        typer.Option(
+            "--store-dtype", help="Precision the states are stored in: float32 or float16."
+        ),
+    ] = "float32",
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Data parallel: start a local Dask cluster of N worker processes (torch "
+            "threads = cores / N each); each loads the model once and writes its shards "
+            "of the prompts into its own region of the one run store. The run equals a "
+            "single-process trace. See docs/scaling.md.",
+        ),
+    ] = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            "--scheduler",
+            help="Data parallel on a running Dask cluster (e.g. tcp://host:8786, started "
+            "with 'dask scheduler' and 'dask worker' or 'dask cuda worker'); the workers "
+            "must see --out and the model.",
+        ),
+    ] = None,
+    device_map: Annotated[
+        str | None,
+        typer.Option(
+            "--device-map",
+            help="Model parallel: auto, balanced or sequential; accelerate spreads the "
+            "blocks over the GPUs, the CPU and (with --offload-folder) the disk.",
+        ),
+    ] = None,
+    max_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--max-memory",
+            help="With --device-map: memory per device, e.g. cuda:0=20GiB,cuda:1=20GiB,cpu=60GiB.",
+        ),
+    ] = None,
+    offload_folder: Annotated[
+        Path | None,
+        typer.Option(
+            "--offload-folder",
+            help="With --device-map: a folder for the weights that fit in no device's memory.",
+        ),
+    ] = None,
     random_weights: Annotated[
         bool,
         typer.Option("--random-weights", help="Trace a random-weight copy (the baseline)."),
@@ -109,7 +162,10 @@ def trace_command(
     Stores time 0 = embedding output and time i = raw output of block i for the
     chosen positions, the final-norm output apart, and the top-5 next tokens.
     With --attention and --logit-lens, also the attention statistics and the
-    logit lens (read them with 'tokenfield lens RUN').
+    logit lens (read them with 'tokenfield lens RUN'). To grow: --workers N or
+    --scheduler ADDRESS share the prompts among Dask workers, --device-map spreads
+    one model over devices, --dtype bfloat16 computes in half precision
+    (docs/scaling.md).
     """
     from tokenfield._progress import console as make_console
     from tokenfield.models.load import ModelSpec
@@ -141,21 +197,84 @@ def trace_command(
     )  # a bad --device or --dtype fails here, before the run directory is touched
     check_writable_dir(out)
     from tokenfield._lock import hold_for_command
+    from tokenfield.models.parallel import check_workers
 
+    check_workers(workers, scheduler)
+    placement = None
+    if device_map is not None or max_memory is not None or offload_folder is not None:
+        from tokenfield.models.placement import Placement
+
+        placement = Placement.parse(device_map, max_memory, offload_folder)
+    if store_dtype not in ("float32", "float16"):
+        from tokenfield.errors import UserError
+
+        raise UserError(f"unknown --store-dtype '{store_dtype}'", "use float32 or float16")
     hold_for_command(out, what="run")  # a second writer fails here, before loading
+    options = {
+        "positions": positions,
+        "batch_size": batch_size,
+        "chat": chat,
+        "truncate": truncate,
+        "attention": attention,
+        "logit_lens": logit_lens,
+        "steer": steering,
+        "store_dtype": store_dtype,
+    }
+    if workers is not None or scheduler is not None:
+        from tokenfield.models.parallel import LoadSpec, trace_parallel
+
+        if generate:
+            from tokenfield.errors import UserError
+
+            raise UserError(
+                "--generate makes a number of particles known only after generating, so "
+                "it cannot be laid out for workers",
+                "drop --workers/--scheduler with --generate",
+            )
+        load_spec = LoadSpec(
+            model,
+            device=device,
+            dtype=dtype,
+            random_weights=random_weights,
+            seed=seed,
+            attn_implementation="eager" if attention else None,
+            **_placement_args(placement),
+        )
+        ds = trace_parallel(
+            load_spec,
+            prompt_list,
+            out=out,
+            workers=workers,
+            scheduler=scheduler,
+            overwrite=overwrite,
+            progress=True,
+            **options,
+        )
+        make_console().print(
+            f"[green]traced[/green] {ds.sizes['particle']} particles x {ds.sizes['time']} "
+            f"times x {ds.sizes['feature']} features -> {out}"
+        )
+        return
     with console.status(f"loading {model}"):
-        loaded = spec.load()
+        if placement is None:
+            loaded = spec.load()
+        else:  # spread over devices by accelerate
+            from tokenfield.models.load import load_model
+
+            loaded = load_model(
+                spec.name,
+                device=spec.device,
+                dtype=spec.dtype,
+                random_weights=spec.random_weights,
+                seed=spec.seed,
+                attn_implementation=spec.attn_implementation,
+                **placement.from_pretrained_kwargs(),
+            )
     ds = trace(
         loaded,
         prompt_list,
-        positions=positions,  # type: ignore[arg-type]
-        batch_size=batch_size,
-        chat=chat,
-        truncate=truncate,
-        attention=attention,
-        logit_lens=logit_lens,
+        **options,  # type: ignore[arg-type]
         generate=generate,
-        steer=steering,
         out=out,
         overwrite=overwrite,
         progress=True,
@@ -164,3 +283,13 @@ def trace_command(
         f"[green]traced[/green] {ds.sizes['particle']} particles x {ds.sizes['time']} times "
         f"x {ds.sizes['feature']} features -> {out}"
     )
+
+
+def _placement_args(placement) -> dict:
+    """A :class:`Placement` as :class:`LoadSpec` fields."""
+    if placement is None:
+        return {}
+    args = placement.load_args()
+    if args["max_memory"] is not None:
+        args["max_memory"] = tuple(sorted(args["max_memory"].items()))
+    return args

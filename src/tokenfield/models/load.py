@@ -109,6 +109,13 @@ class LoadedModel:
 
     @property
     def device(self) -> torch.device:
+        """Where inputs go: the first module's device (with a device map, accelerate's
+        hooks move each block's inputs to that block's device)."""
+        device_map = getattr(self.model, "hf_device_map", None)
+        if device_map:
+            from tokenfield.models.placement import input_device
+
+            return input_device(device_map)
         return next(self.model.parameters()).device
 
     @property
@@ -264,6 +271,9 @@ def load_model(
     random_weights: bool = False,
     seed: int = 0,
     attn_implementation: str | None = None,
+    device_map: str | None = None,
+    max_memory: dict[str, str] | str | None = None,
+    offload_folder: str | Path | None = None,
 ) -> LoadedModel:
     """Load a model for tracing.
 
@@ -276,14 +286,43 @@ def load_model(
             (seeded), the baseline for "structure from the architecture alone".
         seed: seed for the random weights.
         attn_implementation: e.g. ``"eager"`` when attention weights are wanted.
+        device_map: ``auto``, ``balanced`` or ``sequential``: spread the model
+            over the devices with accelerate (model parallel; ``device`` is then
+            ignored; :mod:`tokenfield.models.placement`).
+        max_memory: with ``device_map``, memory per device, e.g.
+            ``{"cuda:0": "20GiB", "cpu": "60GiB"}`` or ``"0=20GiB,cpu=60GiB"``.
+        offload_folder: with ``device_map``, where weights that fit nowhere
+            are offloaded to disk.
 
     Raises:
         UserError: unknown name, missing file, hub unreachable, bad device/dtype.
     """
     _check_dtype(dtype)
-    torch_device = parse_device(device)
+    load_args = {
+        "spec": spec,
+        "device": device,
+        "dtype": dtype,
+        "random_weights": random_weights,
+        "seed": seed,
+        "attn_implementation": attn_implementation,
+    }
+    placement = None
+    if device_map is not None or max_memory is not None or offload_folder is not None:
+        from tokenfield.models.placement import Placement
+
+        placement = Placement.parse(device_map, max_memory, offload_folder)
+        load_args.update(placement.load_args())
+    torch_device = parse_device(device) if placement is None else None
     directory, source_hash, name, *verified = resolve_source(spec)
     kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
+    if placement is not None:
+        if random_weights:
+            raise UserError(
+                "--random-weights builds the model in memory, so it cannot be spread with "
+                "--device-map",
+                "drop --device-map (or --max-memory, --offload-folder) with --random-weights",
+            )
+        kwargs.update(placement.from_pretrained_kwargs())
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     with quiet_transformers(), _unreadable_model(directory):
@@ -300,7 +339,8 @@ def load_model(
             source_hash = f"random:{seed}:{config.model_type}:{source_hash}"
         else:
             model = auto.from_pretrained(directory, local_files_only=True, **kwargs)
-    model.to(torch_device)
+    if torch_device is not None:
+        model.to(torch_device)
     loaded = wrap_model(
         model,
         tokenizer,
@@ -310,6 +350,7 @@ def load_model(
         seed=seed if random_weights else None,
     )
     loaded.extra["directory"] = str(directory)
+    loaded.extra["load_args"] = load_args  # what a Dask worker loads it with
     if not random_weights:
         loaded.weights_sha256 = verified[0] if verified else weights_files_hash(directory)
     return loaded

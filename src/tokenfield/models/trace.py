@@ -43,7 +43,7 @@ import torch
 import xarray as xr
 
 from tokenfield._progress import ProgressBar
-from tokenfield.errors import ParameterError
+from tokenfield.errors import ParameterError, UserError
 from tokenfield.models.attention import AttentionCapture, capture_attention, eager_attention
 from tokenfield.models.batching import (
     Encoded,
@@ -344,8 +344,100 @@ def check_trace_options(
             )
 
 
-def trace(
+def check_model_options(model: LoadedModel, *, logit_lens: bool, generate: int) -> None:
+    """Refuse read-outs the model cannot give (one line each).
+
+    Raises:
+        ParameterError: naming ``logit_lens`` or ``generate``.
+    """
+    if logit_lens and (not model.causal or model.model.get_output_embeddings() is None):
+        raise ParameterError(
+            "logit_lens",
+            f"model '{model.name}' has no unembedding, so it has no logit lens",
+            "drop {name} for this model",
+        )
+    if generate and not model.causal:
+        raise ParameterError(
+            "generate",
+            f"model '{model.name}' is not a causal language model, so it cannot generate",
+            "drop {name} for this model",
+        )
+
+
+def build_config(
     model: LoadedModel,
+    prompt_list: Sequence[Prompt],
+    *,
+    positions: Positions = "last",
+    batch_size: int = 8,
+    chat: bool = False,
+    truncate: bool = False,
+    top_k: int = 5,
+    attention: bool = False,
+    logit_lens: bool = False,
+    lens_k: int = 5,
+    generate: int = 0,
+    steer: tuple[Any, float, str] | None = None,
+    store_dtype: str = "float32",
+) -> dict[str, Any]:
+    """The run config of a trace (what ``run.json`` records and a resume compares)."""
+    del batch_size  # recorded in progress, not in the config
+    config = {
+        "model": model.run_config(),
+        "positions": positions,
+        "chat": chat,
+        "truncate": truncate,
+        "top_k": top_k if model.causal else 0,
+        "prompts": [p.to_json() for p in prompt_list],
+    }
+    # Added only when on, so runs traced without them keep their config (and resume).
+    if attention:
+        config["attention"] = {
+            "attn_implementation": "eager",
+            "chain": "symmetrised (A + A^T), sink kept and sink dropped",
+        }
+    if logit_lens:
+        config["logit_lens"] = {"k": lens_k}
+    if generate:
+        config["generate"] = {"max_new_tokens": generate, "decoding": "greedy"}
+    if steer is not None:
+        vector, alpha, steer_positions = steer
+        if generate and steer_positions != "all":
+            raise UserError(
+                "steering the last position while generating would steer another token in "
+                "each generation step than in the trace",
+                "steer all positions (--steer-positions all) with --generate",
+            )
+        vector.check_model(model)
+        config["steering"] = {
+            "layer": int(vector.layer),
+            "alpha": float(alpha),
+            "positions": steer_positions,
+            "vector_sha256": _sha256(vector.vector),
+            "provenance": vector.provenance,
+        }
+    if store_dtype != "float32":  # added only when not the default, as the others
+        if store_dtype not in STORE_DTYPES:
+            raise UserError(
+                f"unknown store dtype '{store_dtype}'", f"use one of: {', '.join(STORE_DTYPES)}"
+            )
+        config["store_dtype"] = store_dtype
+    return config
+
+
+STORE_DTYPES = ("float32", "float16")
+
+
+def cast_states(piece: xr.Dataset, store_dtype: str) -> xr.Dataset:
+    """Store ``states`` and ``final_norm_states`` as ``store_dtype`` (default float32)."""
+    if store_dtype == "float32":
+        return piece
+    names = [n for n in ("states", "final_norm_states") if n in piece]
+    return piece.assign({n: piece[n].astype(store_dtype) for n in names})
+
+
+def trace(
+    model: LoadedModel | str,
     prompts: str | Path | Sequence[Prompt | str],
     *,
     positions: Positions = "last",
@@ -361,11 +453,15 @@ def trace(
     out: str | Path | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    store_dtype: str = "float32",
+    workers: int | None = None,
+    scheduler: str | None = None,
 ) -> xr.Dataset:
     """Trace prompts through ``model`` and return their trajectories.
 
     Args:
-        model: from :func:`tokenfield.load_model` or :func:`tokenfield.wrap_model`.
+        model: from :func:`tokenfield.load_model` or :func:`tokenfield.wrap_model`,
+            or a model spec (``"smollm2"``, a directory), loaded with the defaults.
         prompts: a bundled set name, a prompt file, or a list of strings/prompts.
         positions: ``"last"`` (last real token per prompt) or ``"all"`` (every token).
         batch_size: prompts per forward pass. It changes the stored states only
@@ -401,6 +497,13 @@ def trace(
         out: stream into this run directory (resumable); ``None`` keeps it in memory.
         overwrite: replace a run at ``out`` made with another config.
         progress: show a progress bar.
+        store_dtype: ``"float32"`` (default, whatever the model computes in) or
+            ``"float16"``: the dtype ``states`` and ``final_norm_states`` are stored in.
+        workers: trace on a local Dask cluster of this many worker processes,
+            each writing its shards into its own region of the run's store
+            (needs ``out``; :mod:`tokenfield.models.parallel`). ``model`` may
+            then be a spec string: the client never loads the weights.
+        scheduler: the same on the running Dask cluster at this address.
 
     Returns:
         A Dataset with ``states`` (time, particle, feature), float32: ``time`` 0 is
@@ -430,53 +533,51 @@ def trace(
         generate=generate,
         steer_positions=None if steer is None else steer[2],
     )
-    if logit_lens:
-        if not model.causal or model.model.get_output_embeddings() is None:
-            raise ParameterError(
-                "logit_lens",
-                f"model '{model.name}' has no unembedding, so it has no logit lens",
-                "drop {name} for this model",
-            )
-        if lens_k < 1:
-            raise ParameterError(
-                "lens_k", f"{{name}} must be at least 1, got {lens_k}", "pass e.g. {name} 5"
-            )
-    if generate and not model.causal:
+    if logit_lens and lens_k < 1:
         raise ParameterError(
-            "generate",
-            f"model '{model.name}' is not a causal language model, so it cannot generate",
-            "drop {name} for this model",
+            "lens_k", f"{{name}} must be at least 1, got {lens_k}", "pass e.g. {name} 5"
         )
-    prompt_list = load_prompts(prompts)
-    encoded = encode_prompts(model, prompt_list, chat=chat, truncate=truncate)
-    config = {
-        "model": model.run_config(),
+    options: dict[str, Any] = {
         "positions": positions,
+        "batch_size": batch_size,
         "chat": chat,
         "truncate": truncate,
-        "top_k": top_k if model.causal else 0,
-        "prompts": [p.to_json() for p in prompt_list],
+        "top_k": top_k,
+        "attention": attention,
+        "logit_lens": logit_lens,
+        "lens_k": lens_k,
+        "steer": steer,
+        "store_dtype": store_dtype,
     }
-    # Added only when on, so runs traced without them keep their config (and resume).
-    if attention:
-        config["attention"] = {
-            "attn_implementation": "eager",
-            "chain": "symmetrised (A + A^T), sink kept and sink dropped",
-        }
-    if logit_lens:
-        config["logit_lens"] = {"k": lens_k}
-    if generate:
-        config["generate"] = {"max_new_tokens": generate, "decoding": "greedy"}
-    if steer is not None:
-        vector, alpha, steer_positions = steer
-        vector.check_model(model)
-        config["steering"] = {
-            "layer": int(vector.layer),
-            "alpha": float(alpha),
-            "positions": steer_positions,
-            "vector_sha256": _sha256(vector.vector),
-            "provenance": vector.provenance,
-        }
+    if workers is not None or scheduler is not None:
+        from tokenfield.models.parallel import trace_parallel
+
+        if out is None:
+            raise UserError("tracing with workers needs a run directory", "pass out=...")
+        if generate:
+            raise UserError(
+                "generate makes a number of particles known only after generating, so it "
+                "cannot be laid out for workers",
+                "drop workers/scheduler with generate",
+            )
+        return trace_parallel(
+            model,
+            prompts,
+            out=out,
+            workers=workers,
+            scheduler=scheduler,
+            overwrite=overwrite,
+            progress=progress,
+            **options,
+        )
+    if not isinstance(model, LoadedModel):
+        from tokenfield.models.load import load_model
+
+        model = load_model(model)
+    check_model_options(model, logit_lens=logit_lens, generate=generate)
+    prompt_list = load_prompts(prompts)
+    encoded = encode_prompts(model, prompt_list, chat=chat, truncate=truncate)
+    config = build_config(model, prompt_list, **options, generate=generate)
     writer = None
     if out is not None:
         writer = RunWriter(
@@ -492,6 +593,13 @@ def trace(
         if writer.complete:
             writer.close()
             return open_run(out)
+        if "shards" in writer.info.progress:  # a partial run begun with workers
+            from tokenfield.models.parallel import trace_parallel
+
+            try:  # its remaining shards, one after the other, in this process
+                return trace_parallel(model, prompt_list, out=out, local=True, **options)
+            finally:
+                writer.close()
     start = writer.done if writer else 0
     particles = int(writer.info.progress.get("size", 0)) if writer else 0
     # A partial run begun by a version without token ids resumes in its own layout.
@@ -569,6 +677,7 @@ def trace(
                 piece = piece.drop_vars(["token_id", "token_piece"])
             if generated is not None:
                 piece = _mark_generated(piece, batch, generated, first)
+            piece = cast_states(piece, store_dtype)
             particles += piece.sizes["particle"]
             if writer:
                 writer.append(piece, done=first + len(batch))
