@@ -256,20 +256,7 @@ def trace_command(
         )
         return
     with console.status(f"loading {model}"):
-        if placement is None:
-            loaded = spec.load()
-        else:  # spread over devices by accelerate
-            from tokenfield.models.load import load_model
-
-            loaded = load_model(
-                spec.name,
-                device=spec.device,
-                dtype=spec.dtype,
-                random_weights=spec.random_weights,
-                seed=spec.seed,
-                attn_implementation=spec.attn_implementation,
-                **placement.from_pretrained_kwargs(),
-            )
+        loaded = spec.load(**(placement.from_pretrained_kwargs() if placement else {}))
     ds = trace(
         loaded,
         prompt_list,

@@ -203,8 +203,13 @@ class ModelSpec:
         _check_dtype(self.dtype)
         parse_device(self.device)
 
-    def load(self) -> LoadedModel:
-        """Load the model (see :func:`load_model`)."""
+    def load(self, **placement: Any) -> LoadedModel:
+        """Load the model (see :func:`load_model`).
+
+        Args:
+            placement: ``device_map``, ``max_memory``, ``offload_folder`` for a model
+                spread over devices by accelerate (see :mod:`tokenfield.models.placement`).
+        """
         return load_model(
             self.name,
             device=self.device,
@@ -212,6 +217,7 @@ class ModelSpec:
             random_weights=self.random_weights,
             seed=self.seed,
             attn_implementation=self.attn_implementation,
+            **placement,
         )
 
     @classmethod
