@@ -15,7 +15,8 @@ With ``--rss``, also the peak resident memory (``ru_maxrss``) of a streamed
 ``positions="all"`` trace of 200 and of 2,000 prompts by a tiny random-weight
 Llama, each in a fresh subprocess; target: 2,000 <= 1.5x 200.
 
-Usage: python benchmarks/trace_streaming.py [--model smollm2] [--repeats 5] [--rss] [--json F]
+Usage: python benchmarks/trace_streaming.py [--model smollm2] [--copies 1] [--positions last]
+       [--repeats 5] [--rss] [--json F]
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--prompts", default="seed-categories")
     parser.add_argument("--positions", default="last", choices=["last", "all"])
+    parser.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="repeat the prompt set this many times (a run's fixed costs, creating and "
+        "consolidating the store, weigh less on a larger trace)",
+    )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
@@ -89,7 +97,7 @@ def main() -> None:
     from tokenfield.prompts import load_prompts
 
     model = tf.load_model(args.model)
-    prompts = load_prompts(args.prompts)
+    prompts = list(load_prompts(args.prompts)) * args.copies
     encoded = encode_prompts(model, prompts)
     batches = [
         pad_batch(encoded[i : i + args.batch_size], model, "last")["inputs"]
