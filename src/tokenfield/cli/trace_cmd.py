@@ -231,15 +231,7 @@ def trace_command(
                 "it cannot be laid out for workers",
                 "drop --workers/--scheduler with --generate",
             )
-        load_spec = LoadSpec(
-            model,
-            device=device,
-            dtype=dtype,
-            random_weights=random_weights,
-            seed=seed,
-            attn_implementation="eager" if attention else None,
-            **_placement_args(placement),
-        )
+        load_spec = LoadSpec.from_model_spec(spec, **_placement_args(placement))
         ds = trace_parallel(
             load_spec,
             prompt_list,

@@ -82,6 +82,13 @@ class LoadSpec:
         return load_model(**kwargs)
 
     @classmethod
+    def from_model_spec(cls, spec: Any, **placement: Any) -> LoadSpec:
+        """A :class:`~tokenfield.models.load.ModelSpec` with ``device_map``,
+        ``max_memory`` (a sorted tuple of pairs) and ``offload_folder``."""
+        fields = asdict(spec)
+        return cls(fields.pop("name"), **fields, **placement)
+
+    @classmethod
     def of(cls, model: LoadedModel) -> LoadSpec:
         """The spec a loaded model was loaded from.
 
