@@ -7,17 +7,7 @@ import json
 
 import pytest
 
-from tokenfield.cli import main
-
-
-def run_cli(args, capsys):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from tests._cli import run_cli
 
 
 def test_simulate_accepts_device_auto_like_trace(tmp_path, capsys):

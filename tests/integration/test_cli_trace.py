@@ -10,23 +10,13 @@ from pathlib import Path
 import pytest
 import xarray as xr
 
+from tests._cli import run_cli
 from tests.integration.tiny import save_tiny
-from tokenfield.cli import main
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     return save_tiny("llama", tmp_path_factory.mktemp("models") / "tiny-llama")
-
-
-def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def snapshot(path: Path) -> dict[str, int]:

@@ -16,8 +16,8 @@ import pytest
 import xarray as xr
 
 import tokenfield as tf
+from tests._cli import run_cli
 from tests.integration.tiny import PROMPTS, save_tiny
-from tokenfield.cli import main
 from tokenfield.errors import UserError
 from tokenfield.models.parallel import ParallelReport, plan_shards, trace_parallel
 
@@ -191,21 +191,13 @@ def test_plan_shards_layout():
     assert sum(s.prompts for s in shards) == len(counts)
 
 
-def run_cli(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
 def test_cli_workers(models, tmp_path, capsys):
     spec = str(models["llama"])
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(MANY) + "\n")
     common = ["trace", "--model", spec, "--prompts", str(prompts), "--positions", "all"]
-    assert run_cli([*common, "--out", str(tmp_path / "single")]) == 0
-    assert run_cli([*common, "--out", str(tmp_path / "par"), "--workers", "2"]) == 0
+    assert run_cli([*common, "--out", str(tmp_path / "single")])[0] == 0
+    assert run_cli([*common, "--out", str(tmp_path / "par"), "--workers", "2"])[0] == 0
     assert "traced" in capsys.readouterr().out
     same_run(tf.open_run(tmp_path / "single"), tf.open_run(tmp_path / "par"))
     for bad, said in (
@@ -213,6 +205,6 @@ def test_cli_workers(models, tmp_path, capsys):
         (["--workers", "2", "--scheduler", "tcp://x:1"], "pass one of them"),
         (["--workers", "2", "--generate", "2"], "--generate"),
     ):
-        assert run_cli([*common, "--out", str(tmp_path / "bad"), *bad]) == 2
+        assert run_cli([*common, "--out", str(tmp_path / "bad"), *bad])[0] == 2
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import tokenfield as tf
+from tests._cli import run_cli
 from tests.integration.tiny import PROMPTS, save_tiny
-from tokenfield.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +36,9 @@ def test_spread_over_cpu_and_disk_equals_unsharded(llama_dir, tmp_path):
     np.testing.assert_array_equal(a.next_token_top.values, b.next_token_top.values)
 
 
-def run_cli(args):
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
 def test_cli_device_map_and_bad_values(llama_dir, tmp_path, capsys):
     common = ["trace", "--model", str(llama_dir), "--prompts", "seed-categories"]
-    assert run_cli([*common, "--out", str(tmp_path / "whole")]) == 0
+    assert run_cli([*common, "--out", str(tmp_path / "whole")])[0] == 0
     spread = [
         "--device-map",
         "sequential",
@@ -55,7 +47,7 @@ def test_cli_device_map_and_bad_values(llama_dir, tmp_path, capsys):
         "--offload-folder",
         str(tmp_path / "off"),
     ]
-    assert run_cli([*common, "--out", str(tmp_path / "spread"), *spread]) == 0
+    assert run_cli([*common, "--out", str(tmp_path / "spread"), *spread])[0] == 0
     a, b = tf.open_run(tmp_path / "whole"), tf.open_run(tmp_path / "spread")
     np.testing.assert_array_equal(a.states.values, b.states.values)
     capsys.readouterr()
@@ -67,7 +59,7 @@ def test_cli_device_map_and_bad_values(llama_dir, tmp_path, capsys):
         (["--store-dtype", "int8"], "unknown --store-dtype"),
         (["--dtype", "float8"], "unknown dtype"),
     ):
-        assert run_cli([*common, "--out", str(tmp_path / "bad"), *bad]) == 2, bad
+        assert run_cli([*common, "--out", str(tmp_path / "bad"), *bad])[0] == 2, bad
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 

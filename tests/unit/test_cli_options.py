@@ -6,21 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests._cli import run_cli
 from tokenfield._device import parse_device
-from tokenfield.cli import main
 from tokenfield.cli._options import flag_for, limit_threads, numbers, user_error
 from tokenfield.errors import ParameterError, UserError
-
-
-def run_cli(args, capsys):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
 
 # --- the number-list parser ------------------------------------------------------
 

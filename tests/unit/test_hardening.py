@@ -19,24 +19,14 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from tests._cli import run_cli
 from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
 from tokenfield import _lock
-from tokenfield.cli import main
 from tokenfield.errors import UserError
 from tokenfield.prompts import load_prompts
 from tokenfield.runs import RunWriter, check_baseline, open_run, read_run_info, strings
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_cli(args, capsys) -> tuple[int, str, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def one_error_line(err: str) -> str:
