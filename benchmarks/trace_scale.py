@@ -17,10 +17,18 @@ differently: about 1e-7 of a layer's scale).
     python benchmarks/trace_scale.py --model smollm2 --prompts seed-categories --copies 4
     python benchmarks/trace_scale.py --device cuda --model smollm2 --copies 40
 
-CUDA mode (``--device cuda``): one process on the GPU; prints prompts/s,
-states/s (particles x times per second) and the peak GPU memory
-(``torch.cuda.max_memory_allocated``). Without a GPU it stops with one line
-saying so (exit 2).
+CUDA mode (``--device cuda``): one process on the GPU, the trace in memory,
+streamed to Zarr, and with ``--attention``, and a plain Hugging Face forward
+(``output_hidden_states``, moved to the CPU); prints prompts/s, states/s
+(particles x times per second), the peak GPU memory
+(``torch.cuda.max_memory_allocated``) of each, and the two ratios to the trace in
+memory. Without a GPU it stops with one line saying so (exit 2).
+
+``--random-weights`` times a seeded random-weight copy (same shapes, so the same
+speed); ``--model`` may then be a directory holding only ``config.json`` and the
+tokenizer files, e.g. a larger model's shape without its weights:
+
+    python benchmarks/trace_scale.py --device cuda --model DIR --random-weights --dtype bfloat16
 
 Wall times depend on the machine and its load: compare numbers from one run.
 """
@@ -59,7 +67,7 @@ def cpu_mode(args: argparse.Namespace) -> dict:
     options = {"positions": args.positions, "batch_size": args.batch_size}
     root = Path(tempfile.mkdtemp(prefix="trace-scale-"))
     start = time.perf_counter()
-    model = tf.load_model(args.model)
+    model = tf.load_model(args.model, random_weights=args.random_weights)
     load_s = time.perf_counter() - start
     import torch
 
@@ -90,7 +98,7 @@ def cpu_mode(args: argparse.Namespace) -> dict:
             if name == "warm":
                 start = time.perf_counter()
             parallel = trace_parallel(
-                LoadSpec(args.model),
+                LoadSpec(args.model, random_weights=args.random_weights),
                 prompts,
                 out=root / name,
                 scheduler=cluster.scheduler_address,
@@ -156,27 +164,78 @@ def cuda_mode(args: argparse.Namespace) -> dict:
     import tokenfield as tf
 
     prompts = _prompts(args.prompts, args.copies)
-    model = tf.load_model(args.model, device="cuda", dtype=args.dtype)
-    options = {"positions": args.positions, "batch_size": args.batch_size}
-    tf.trace(model, prompts[: args.batch_size], **options)  # warm-up (kernels, allocator)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    root = Path(tempfile.mkdtemp(prefix="trace-scale-"))
     start = time.perf_counter()
-    run = tf.trace(model, prompts, out=root / "gpu", **options)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    states = int(run.sizes["particle"]) * int(run.sizes["time"])
+    model = tf.load_model(
+        args.model, device="cuda", dtype=args.dtype, random_weights=args.random_weights
+    )
+    load_s = time.perf_counter() - start
+    options = {"positions": args.positions, "batch_size": args.batch_size}
+    root = Path(tempfile.mkdtemp(prefix="trace-scale-"))
+    cases = {
+        "in_memory": {},
+        "streamed": {"out": root / "gpu"},
+        "attention": {"attention": True},
+    }
     result = {
         "model": args.model,
+        "random_weights": args.random_weights,
         "device": torch.cuda.get_device_name(),
         "dtype": args.dtype,
+        "positions": args.positions,
+        "batch_size": args.batch_size,
         "prompts": len(prompts),
-        "seconds": round(seconds, 3),
-        "prompts_per_s": round(len(prompts) / seconds, 2),
-        "states_per_s": round(states / seconds, 1),
+        "model_load_s": round(load_s, 2),
+        "cpu_cores": os.cpu_count(),
+    }
+    for name, extra in cases.items():
+        tf.trace(model, prompts[: args.batch_size], **options, **extra, overwrite=True)  # warm-up
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        run = tf.trace(model, prompts, **options, **extra, overwrite=True)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        states = int(run.sizes["particle"]) * int(run.sizes["time"])
+        result[name] = {
+            "seconds": round(seconds, 3),
+            "prompts_per_s": round(len(prompts) / seconds, 2),
+            "states_per_s": round(states / seconds, 1),
+            "particles": int(run.sizes["particle"]),
+            "peak_gpu_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+        }
+    from tokenfield.models.batching import encode_prompts, pad_batch
+
+    # what a user writes by hand: every layer's output, moved to the CPU
+    encoded = encode_prompts(model, prompts)
+    batches = [
+        {
+            key: value.to(model.device)
+            for key, value in pad_batch(encoded[i : i + args.batch_size], model, "last")[
+                "inputs"
+            ].items()
+        }
+        for i in range(0, len(encoded), args.batch_size)
+    ]
+    last = args.positions == "last"
+    for _repeat in range(2):  # the first is the warm-up
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for inputs in batches:
+                out = model.model(**inputs, output_hidden_states=True, use_cache=False)
+                torch.stack([h[:, -1] if last else h for h in out.hidden_states]).cpu()
+        torch.cuda.synchronize()
+        plain_s = time.perf_counter() - start
+    result["plain_hf"] = {
+        "seconds": round(plain_s, 3),
+        "prompts_per_s": round(len(prompts) / plain_s, 2),
         "peak_gpu_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
     }
+    seconds = {name: result[name]["seconds"] for name in cases}
+    result["in_memory_over_plain_hf"] = round(seconds["in_memory"] / plain_s, 3)
+    result["streamed_over_in_memory"] = round(seconds["streamed"] / seconds["in_memory"], 3)
+    result["attention_over_in_memory"] = round(seconds["attention"] / seconds["in_memory"], 3)
     print(json.dumps(result, indent=2))
     return result
 
@@ -191,6 +250,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", default="float32", help="cuda mode: float32 or bfloat16")
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="a seeded random-weight copy of --model (same shapes, so the same speed); "
+        "--model may then be a directory holding only config.json and the tokenizer",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     result = cuda_mode(args) if args.device == "cuda" else cpu_mode(args)

@@ -87,6 +87,11 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: CPU time means work done)"
     )
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="a seeded random-weight copy of --model (same shapes, same speed)",
+    )
     parser.add_argument("--rss", action="store_true", help="also the 200 / 2,000 prompt RSS")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -96,7 +101,7 @@ def main() -> None:
     from tokenfield.models.batching import encode_prompts, pad_batch
     from tokenfield.prompts import load_prompts
 
-    model = tf.load_model(args.model)
+    model = tf.load_model(args.model, random_weights=args.random_weights)
     prompts = list(load_prompts(args.prompts)) * args.copies
     encoded = encode_prompts(model, prompts)
     batches = [

@@ -533,7 +533,7 @@ class RunWriter:
             return
         pieces = [piece for piece, _done, _progress in self._pending]
         _piece, done, progress = self._pending[-1]
-        merged = _concat_pieces(pieces, self.append_dim)
+        merged = concat_pieces(pieces, self.append_dim)
         at = int(self.info.progress.get("size", 0))
         with _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -628,7 +628,7 @@ class RunWriter:
         self.close()
 
 
-def _concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:
+def concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:
     """Pieces of one layout joined along ``dim``: numpy concatenation of every
     variable that has ``dim``, the others taken from the first piece (they are
     the same in every piece: times, sites, blocks)."""

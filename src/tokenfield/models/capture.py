@@ -29,19 +29,26 @@ __all__ = ["Capture", "LensReadout", "capture_residual", "logit_lens"]
 class Capture:
     """Where to read and what was read.
 
-    Set :attr:`index` before each forward pass: a ``(batch, seq)`` boolean mask of
-    the positions to keep. Kept states are flattened in row-major order of the
-    mask (batch first, then position) and copied to float32 on the CPU.
+    Set :attr:`index` before each forward pass (:meth:`reset`): a ``(batch, seq)``
+    boolean mask of the positions to keep. Kept states are flattened in row-major
+    order of the mask (batch first, then position) and copied to float32 on the CPU.
 
-    After the pass, :attr:`states` holds one ``(particles, d)`` tensor per time
-    (``embed`` first, then every block) and :attr:`final_norm` one for the final
-    norm output (``None`` for models without a final norm).
+    After the pass and :meth:`ready`, :attr:`states` holds one ``(particles, d)``
+    tensor per time (``embed`` first, then every block) and :attr:`final_norm`
+    one for the final norm output (``None`` for models without a final norm).
+
+    On a GPU nothing in the pass waits for the host: the kept rows are picked
+    with precomputed indices (a boolean mask would make the host wait for the
+    count of kept rows at every block) and copied into page-locked memory
+    asynchronously; :meth:`ready` waits once, after the pass, for those copies.
     """
 
     index: torch.Tensor | None = None
     states: list[torch.Tensor | None] = field(default_factory=list)
     final_norm: torch.Tensor | None = None
     paused: bool = False
+    _rows: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+    _pending: set[torch.device] = field(default_factory=set)
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -57,11 +64,34 @@ class Capture:
         self.index = index
         self.states = [None] * n_times
         self.final_norm = None
+        self._rows = {}
+
+    def _rows_on(self, device: torch.device) -> torch.Tensor:
+        """The flat row numbers of the kept positions, on ``device`` (made once per
+        pass and device; the mask lives on the CPU, so no GPU is waited for)."""
+        rows = self._rows.get(device)
+        if rows is None:
+            assert self.index is not None, "set Capture.index before the forward pass"
+            flat = self.index.reshape(-1).nonzero().squeeze(1)
+            rows = self._rows[device] = flat.to(device, non_blocking=True)
+        return rows
 
     def take(self, hidden: torch.Tensor) -> torch.Tensor:
-        assert self.index is not None, "set Capture.index before the forward pass"
         # hidden: (batch, seq, d); index: (batch, seq) bool -> (particles, d)
-        return hidden[self.index.to(hidden.device)].detach().to("cpu", torch.float32)
+        picked = hidden.detach().reshape(-1, hidden.shape[-1])
+        picked = picked.index_select(0, self._rows_on(hidden.device)).to(torch.float32)
+        if picked.device.type != "cuda":
+            return picked.to("cpu")
+        kept = torch.empty(picked.shape, dtype=torch.float32, pin_memory=True)
+        kept.copy_(picked, non_blocking=True)
+        self._pending.add(picked.device)
+        return kept
+
+    def ready(self) -> None:
+        """Wait for the copies of this pass to reach the host (GPU only)."""
+        for device in self._pending:
+            torch.cuda.current_stream(device).synchronize()
+        self._pending.clear()
 
 
 @contextlib.contextmanager

@@ -292,6 +292,7 @@ def _schema_piece(model: LoadedModel, first: Any, options: dict[str, Any]) -> xr
     dims and dtype, built by the tracer's own :func:`_piece`."""
     from tokenfield.models.attention import VARIABLES
     from tokenfield.models.batching import pad_batch
+    from tokenfield.models.tokens import TokenTexts
     from tokenfield.models.trace import _lens_variables, _piece, cast_states
 
     padded = pad_batch([first], model, options["positions"])
@@ -313,7 +314,20 @@ def _schema_piece(model: LoadedModel, first: Any, options: dict[str, Any]) -> xr
             _lens_variables(model, states, keep, nobody, logits, options.get("lens_k", 5))
         )
     top_k = options.get("top_k", 5) if model.causal else 0
-    piece = _piece(model, [first], 0, 0, states, states[-1], keep, last, logits, top_k, extras)
+    piece = _piece(
+        model,
+        [first],
+        0,
+        0,
+        states,
+        states[-1],
+        keep,
+        last,
+        logits,
+        top_k,
+        TokenTexts(model.tokenizer),
+        extras,
+    )
     return cast_states(piece, options.get("store_dtype", "float32"))
 
 

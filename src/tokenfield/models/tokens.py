@@ -21,7 +21,7 @@ import re
 from functools import cache
 from typing import Any
 
-__all__ = ["token_piece", "escape_bytes"]
+__all__ = ["TokenTexts", "token_piece", "escape_bytes"]
 
 _HEX = "tokenfield-hex"
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -77,3 +77,27 @@ def token_piece(tokenizer: Any, token_id: int) -> str:
     if all(char in alphabet for char in piece):
         return escape_bytes(bytes(alphabet[char] for char in piece))
     return piece
+
+
+class TokenTexts:
+    """``tokenizer.decode([id])`` and :func:`token_piece` of single tokens, each
+    worked out once per id (a trace decodes every kept token, and ids repeat)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+        self._pieces: dict[int, str] = {}
+
+    def text(self, token_id: int) -> str:
+        token_id = int(token_id)
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def piece(self, token_id: int) -> str:
+        token_id = int(token_id)
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = token_piece(self.tokenizer, token_id)
+        return piece

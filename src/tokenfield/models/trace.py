@@ -56,9 +56,9 @@ from tokenfield.models.capture import capture_residual, logit_lens
 from tokenfield.models.hooks import add_to_residual
 from tokenfield.models.load import LoadedModel
 from tokenfield.models.sites import site_names
-from tokenfield.models.tokens import token_piece
+from tokenfield.models.tokens import TokenTexts
 from tokenfield.prompts import Prompt, load_prompts
-from tokenfield.runs import CONFIG_ATTR, TRAJECTORY, RunWriter, open_run, strings
+from tokenfield.runs import CONFIG_ATTR, TRAJECTORY, RunWriter, concat_pieces, open_run, strings
 
 __all__ = [
     "trace",
@@ -198,6 +198,7 @@ def _piece(
     last: torch.Tensor,
     logits: torch.Tensor | None,
     top_k: int,
+    texts: TokenTexts,
     extras: dict[str, Any] | None = None,
 ) -> xr.Dataset:
     """Assemble one batch's particles into a Dataset piece (``extras``: more variables)."""
@@ -211,7 +212,7 @@ def _piece(
         pos = col - pad
         prompt_index.append(first_prompt + row)
         positions.append(pos)
-        tokens.append(model.tokenizer.decode([item.ids[pos]]))
+        tokens.append(texts.text(item.ids[pos]))
         token_ids.append(int(item.ids[pos]))
         is_last.append(bool(last[row, col]))
     stacked = torch.stack(states).numpy()  # (time, particle, d)
@@ -229,7 +230,7 @@ def _piece(
         "position": ("particle", np.array(positions, dtype=np.int64)),
         "token": ("particle", strings(tokens)),
         "token_id": ("particle", np.array(token_ids, dtype=np.int64)),
-        "token_piece": ("particle", strings(token_piece(model.tokenizer, t) for t in token_ids)),
+        "token_piece": ("particle", strings(texts.piece(t) for t in token_ids)),
         "is_last": ("particle", np.array(is_last, dtype=bool)),
     }
     data_vars: dict[str, Any] = {
@@ -243,7 +244,7 @@ def _piece(
         values = np.full((n, top_k), np.nan, dtype=np.float32)
         for particle, (row, flag) in enumerate(zip(rows.tolist(), is_last, strict=True)):
             if flag:
-                names[particle] = [model.tokenizer.decode([t]) for t in top_id[row].tolist()]
+                names[particle] = [texts.text(t) for t in top_id[row].tolist()]
                 values[particle] = top_prob[row].cpu().numpy()
         data_vars["next_token_top"] = (("particle", "k"), names)
         data_vars["next_token_prob"] = (("particle", "k"), values)
@@ -605,6 +606,7 @@ def trace(
     # A partial run begun by a version without token ids resumes in its own layout.
     legacy = bool(writer and start > 0 and not (Path(out) / TRAJECTORY / "token_id").exists())
     pieces: list[xr.Dataset] = []
+    texts = TokenTexts(model.tokenizer)
     bar = ProgressBar(
         f"tracing {model.name}", len(encoded), enabled=progress, completed=start, unit="prompts"
     )
@@ -642,6 +644,7 @@ def trace(
                 if reducer is not None:
                     reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
                 logits = forward_last(model, padded["inputs"])
+            capture.ready()
             states = [s for s in capture.states if s is not None]
             if len(states) != model.n_layers + 1:
                 raise RuntimeError("a block did not run; the site registry is wrong for this model")
@@ -671,6 +674,7 @@ def trace(
                 padded["last"],
                 logits,
                 config["top_k"],
+                texts,
                 extras,
             )
             if legacy:
@@ -688,7 +692,8 @@ def trace(
             writer.finish()
     if writer:
         return open_run(out)  # type: ignore[arg-type]
-    result = xr.concat(pieces, dim="particle", data_vars="all", coords="different", compat="equals")
+    # one numpy concatenation per variable (the pieces share everything but particles)
+    result = concat_pieces(pieces, "particle")
     result.attrs = {
         CONFIG_ATTR: json.dumps(config),
         "kind": "trace",

@@ -1,0 +1,100 @@
+"""The GPU paths, where a CUDA device exists: a model spread over the GPU, the CPU
+and the disk, reduced precision on the GPU, the attention read-out reduced on the
+device, Dask workers sharing a GPU, and the particle simulator on the GPU.
+
+Every test here is skipped with the stated reason on a machine without CUDA (CI);
+the CPU versions of the same paths are tested elsewhere (test_trace_placement,
+test_trace_parallel, test_particles_integrate).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tokenfield as tf
+from tests.integration.tiny import PROMPTS, save_tiny
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device on this machine: the GPU paths are tested only where "
+    "torch.cuda.is_available()",
+)
+
+# float32 on the GPU against float32 on the CPU: other kernels, other summation order
+GPU_RTOL, GPU_ATOL = 1e-4, 1e-5
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return save_tiny("llama", tmp_path_factory.mktemp("models") / "llama")
+
+
+def test_spread_over_gpu_cpu_and_disk_equals_whole_gpu(llama_dir, tmp_path):
+    whole = tf.load_model(str(llama_dir), device="cuda")
+    spread = tf.load_model(
+        str(llama_dir),
+        device_map="sequential",
+        max_memory={"cuda:0": "60KB", "cpu": "60KB"},  # the embedding and a block; the rest off
+        offload_folder=tmp_path / "offload",
+    )
+    places = {str(p) for p in spread.model.hf_device_map.values()}
+    # accelerate keeps the blocks it executes on the GPU together with their weights
+    # on the CPU or the disk (seen: embedding and block 0 on the GPU, the rest on disk)
+    assert "0" in places and places & {"cpu", "disk"}, spread.model.hf_device_map
+    a = tf.trace(whole, PROMPTS, positions="all", batch_size=3)
+    b = tf.trace(spread, PROMPTS, positions="all", batch_size=3)
+    np.testing.assert_allclose(b.states.values, a.states.values, rtol=GPU_RTOL, atol=GPU_ATOL)
+    np.testing.assert_array_equal(a.next_token_top.values, b.next_token_top.values)
+
+
+def test_bfloat16_on_gpu_within_tolerance(llama_dir):
+    from tests.integration.test_trace_placement import BF16_TOLERANCE
+
+    full = tf.trace(tf.load_model(str(llama_dir), device="cuda"), PROMPTS, positions="all")
+    half = tf.trace(
+        tf.load_model(str(llama_dir), device="cuda", dtype="bfloat16"), PROMPTS, positions="all"
+    )
+    assert half.states.dtype == np.float32
+    a, b = full.states.values, half.states.values
+    per_layer = np.abs(a - b).max(axis=(1, 2)) / np.abs(a).max(axis=(1, 2))
+    assert (per_layer < BF16_TOLERANCE).all(), per_layer
+    assert per_layer[1:].max() > 1e-4  # it really computed in bfloat16
+
+
+def test_attention_read_out_on_gpu_equals_cpu(llama_dir):
+    cpu = tf.trace(tf.load_model(str(llama_dir)), PROMPTS, attention=True)
+    gpu = tf.trace(tf.load_model(str(llama_dir), device="cuda"), PROMPTS, attention=True)
+    names = [name for name in cpu.data_vars if name.startswith("attn_")]
+    assert len(names) >= 5
+    for name in names:
+        np.testing.assert_allclose(
+            gpu[name].values, cpu[name].values, rtol=1e-3, atol=1e-4, err_msg=name
+        )
+
+
+def test_two_workers_sharing_the_gpu_equal_one_process(llama_dir, tmp_path):
+    model = tf.load_model(str(llama_dir), device="cuda")
+    prompts = PROMPTS * 3
+    single = tf.trace(model, prompts, positions="all", batch_size=2)
+    # each worker loads the model the way the client did: on the GPU
+    parallel = tf.trace(
+        model, prompts, positions="all", batch_size=2, out=tmp_path / "run", workers=2
+    )
+    np.testing.assert_allclose(
+        parallel.states.values, single.states.values, rtol=GPU_RTOL, atol=GPU_ATOL
+    )
+    assert list(parallel.prompt.values) == list(single.prompt.values)
+
+
+def test_simulation_on_gpu_equals_cpu():
+    from tokenfield.particles import Dynamics, simulate
+
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((64, 8))
+    dynamics = Dynamics(beta=4.0)
+    common = {"t_max": 2.0, "dt": 0.05, "solver": "rk4", "dtype": torch.float64}
+    cpu = simulate(dynamics, x0, device="cpu", **common)
+    gpu = simulate(dynamics, x0, device="cuda", **common)
+    np.testing.assert_allclose(gpu.states.values, cpu.states.values, rtol=1e-9, atol=1e-11)
