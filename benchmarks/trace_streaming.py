@@ -10,6 +10,10 @@ interleaved (so drifts in machine load hit every case alike):
 - ``tokenfield.trace(attention=True)`` in memory (the attention read-out).
 
 Targets (issue 12): streamed <= 1.10x in memory; attention <= 3x a plain trace.
+Both are judged on wall time, what the user waits for: the streamed trace writes
+its store in a background thread while the next batches run, so its CPU time
+(also printed, with its own ratio) counts that work although nobody waits for it.
+Run it on a quiet machine: on a loaded one the wall times mostly measure the others.
 
 With ``--rss``, also the peak resident memory (``ru_maxrss``) of a streamed
 ``positions="all"`` trace of 200 and of 2,000 prompts by a tiny random-weight
@@ -170,14 +174,22 @@ def main() -> None:
         "attention_over_trace": attn_s / memory_s,
         "loadavg": load,
     }
-    ratio = zarr_s / memory_s
-    print(
-        f"target: streamed <= 1.10x in memory -> {ratio:.3f}x: "
-        + ("MET" if ratio <= 1.10 else "NOT MET")
+    wall_plain, wall_memory, wall_zarr, wall_attn = (wall[n] for n in names)
+    results.update(
+        wall_streamed_over_memory=wall_zarr / wall_memory,
+        wall_attention_over_trace=wall_attn / wall_memory,
     )
-    ratio = attn_s / memory_s
+    ratio = wall_zarr / wall_memory
     print(
-        f"target: --attention <= 3x trace -> {ratio:.3f}x: " + ("MET" if ratio <= 3 else "NOT MET")
+        f"target: streamed <= 1.10x in memory (wall) -> {ratio:.3f}x: "
+        + ("MET" if ratio <= 1.10 else "NOT MET")
+        + f"  (CPU time {zarr_s / memory_s:.3f}x)"
+    )
+    ratio = wall_attn / wall_memory
+    print(
+        f"target: --attention <= 3x trace (wall) -> {ratio:.3f}x: "
+        + ("MET" if ratio <= 3 else "NOT MET")
+        + f"  (CPU time {attn_s / memory_s:.3f}x)"
     )
     if args.rss:
         small, large = peak_rss_kib(200), peak_rss_kib(2000)

@@ -31,6 +31,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -303,6 +304,10 @@ def check_writable_dir(path: Path) -> None:
         raise UserError(f"output directory '{probe}' is not writable", "choose another --out")
 
 
+# rows per chunk of a buffered run's 1-D coordinates along its growing dimension
+COORD_CHUNK = 1 << 16
+
+
 class RunWriter:
     """Create or resume a run directory and stream pieces of a Dataset into it.
 
@@ -326,6 +331,11 @@ class RunWriter:
             by :meth:`close` (an interrupt keeps the finished work) and once
             they hold ``flush_bytes``.
         flush_bytes: the most bytes of pieces kept in memory.
+        background: with ``flush_seconds``, write the pieces in a background
+            thread while the caller computes the next ones (one write at a
+            time; at most ``flush_bytes`` more wait in memory meanwhile). An
+            error of that write is raised by the next :meth:`append`,
+            :meth:`flush` or :meth:`finish`.
 
     The writer holds the directory's lock (:mod:`tokenfield._lock`) from
     construction until :meth:`finish` or :meth:`close`; a second writer fails
@@ -347,8 +357,12 @@ class RunWriter:
         weights_sha256: str | None = None,
         flush_seconds: float = 0.0,
         flush_bytes: int = 64 << 20,
+        background: bool = False,
     ):
         self.path = Path(path)
+        self._executor: ThreadPoolExecutor | None = None
+        self._writing: Future[None] | None = None
+        self.background = bool(background) and float(flush_seconds) > 0
         self.append_dim = append_dim
         self.flush_seconds = float(flush_seconds)
         self.flush_bytes = int(flush_bytes)
@@ -450,10 +464,15 @@ class RunWriter:
         safe to call twice. Called while an error unwinds, it keeps the work
         done before it; a failure to write then leaves the run at its last
         recorded progress (resumable), and the first error is the one raised."""
+        with contextlib.suppress(Exception):
+            self._wait()
         if self._pending and self._lock is not None:
             with contextlib.suppress(Exception):
                 self.flush()
         self._pending = []
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
@@ -525,24 +544,49 @@ class RunWriter:
             or self._pending_bytes >= self.flush_bytes
             or time.monotonic() - self._last_flush >= self.flush_seconds
         ):
-            self.flush()
+            if not self.background:
+                self.flush()
+                return
+            self._wait()  # one write at a time, and its error (if any) raised here
+            pending, self._pending, self._pending_bytes = self._pending, [], 0
+            self._last_flush = time.monotonic()
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenfield-writer")
+            self._writing = self._executor.submit(self._write, pending)
+
+    def _wait(self) -> None:
+        """Wait for the background write, if one runs; raise its error."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def flush(self) -> None:
-        """Write the pending pieces at the recorded size, then record the progress."""
-        if not self._pending:
+        """Write the pending pieces at the recorded size, then record the progress
+        (after any background write)."""
+        self._wait()
+        self._write(self._pending)  # kept until written: close() retries an interrupted one
+        self._pending, self._pending_bytes = [], 0
+        self._last_flush = time.monotonic()
+
+    def _write(self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]]) -> None:
+        if not pending:
             return
-        pieces = [piece for piece, _done, _progress in self._pending]
-        _piece, done, progress = self._pending[-1]
+        pieces = [piece for piece, _done, _progress in pending]
+        _piece, done, progress = pending[-1]
         merged = concat_pieces(pieces, self.append_dim)
         at = int(self.info.progress.get("size", 0))
         with _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if at == 0 or not self.store.exists():
                 chunk = int(pieces[0].sizes[self.append_dim])  # one piece per chunk, as before
+                # Buffered writers (few, large writes) keep 1-D coordinates (tokens,
+                # prompts, ...) in long chunks: a few files to read back instead of
+                # one per piece; each write rewrites at most one partial chunk.
+                long = max(chunk, COORD_CHUNK) if self.flush_seconds > 0 else chunk
                 encoding = {
                     name: {
                         "chunks": tuple(
-                            chunk if dim == self.append_dim else size
+                            (long if var.ndim == 1 else chunk) if dim == self.append_dim else size
                             for dim, size in zip(var.dims, var.shape, strict=True)
                         )
                     }
@@ -570,9 +614,6 @@ class RunWriter:
         info = replace(self.info, progress={**progress, **keep, "done": int(done), "size": size})
         write_json_atomic(self.path / RUN_JSON, info.to_dict())
         self.info = info
-        self._pending = []
-        self._pending_bytes = 0
-        self._last_flush = time.monotonic()
 
     def _trim_store(self, size: int) -> None:
         """Cut every array growing along the append dimension back to ``size``."""
@@ -591,6 +632,7 @@ class RunWriter:
 
     def write_variables(self, variables: xr.Dataset) -> None:
         """Add variables that do not grow (e.g. computed at the end) to the store."""
+        self._wait()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             variables.to_zarr(self.store, mode="a", consolidated=False, write_empty_chunks=True)
@@ -622,6 +664,8 @@ class RunWriter:
         that a retry with other settings needs no --overwrite; then release.
 
         A run that existed before this writer (a resume) is left as it was."""
+        with contextlib.suppress(Exception):
+            self._wait()
         self._pending = []
         if self._created:
             self._clear()

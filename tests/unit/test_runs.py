@@ -167,6 +167,79 @@ def test_buffered_flushes_equal_piece_by_piece_writes(tmp_path):
     )
 
 
+def test_background_writes_equal_piece_by_piece_writes(tmp_path):
+    """flush_bytes=1: every append hands the pending piece to the writer thread."""
+    one = RunWriter(tmp_path / "one", "trace", {"a": 1}, append_dim="particle")
+    bg = RunWriter(
+        tmp_path / "bg",
+        "trace",
+        {"a": 1},
+        append_dim="particle",
+        flush_seconds=1e9,
+        flush_bytes=1,
+        background=True,
+    )
+    assert bg.background
+    for done, start in enumerate(range(0, 15, 3), start=1):
+        one.append(buffered_piece(start, 3), done=done)
+        bg.append(buffered_piece(start, 3), done=done)
+    assert bg._executor is not None  # the writes really went to the thread
+    one.finish()
+    bg.finish()
+    assert read_run_info(tmp_path / "bg").progress["done"] == 5
+    xr.testing.assert_identical(open_run(tmp_path / "bg").load(), open_run(tmp_path / "one").load())
+
+
+def test_a_background_write_error_is_raised_by_the_next_call(tmp_path, monkeypatch):
+    import tokenfield.runs as runs
+
+    run = tmp_path / "r"
+    writer = RunWriter(
+        run,
+        "trace",
+        {"a": 1},
+        append_dim="particle",
+        flush_seconds=1e9,
+        flush_bytes=1,
+        background=True,
+    )
+    writer.append(buffered_piece(0, 3), done=1)
+    writer.flush()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runs, "_write_at", full)
+    writer.append(buffered_piece(3, 3), done=2)  # fails in the thread
+    with pytest.raises(UserError, match="No space left"):
+        writer.append(buffered_piece(6, 3), done=3)
+    writer.close()
+    info = read_run_info(run)
+    assert info.status == "partial" and info.progress == {"done": 1, "size": 3}
+
+
+def test_an_interrupt_keeps_the_background_write_and_the_pending_pieces(tmp_path):
+    run = tmp_path / "r"
+    with (
+        pytest.raises(KeyboardInterrupt),
+        RunWriter(
+            run,
+            "trace",
+            {"a": 1},
+            append_dim="particle",
+            flush_seconds=1e9,
+            flush_bytes=40,
+            background=True,
+        ) as writer,
+    ):
+        for done, start in enumerate(range(0, 12, 3), start=1):
+            writer.append(buffered_piece(start, 3), done=done)
+        raise KeyboardInterrupt
+    info = read_run_info(run)
+    assert info.status == "partial" and info.progress["done"] == 4
+    assert list(open_run(run, allow_partial=True).particle.values) == list(range(12))
+
+
 def test_a_kill_between_a_flushs_write_and_its_record_resumes_to_the_same_run(
     tmp_path, monkeypatch
 ):

@@ -590,6 +590,7 @@ def trace(
             batch_size=batch_size,
             weights_sha256=model.weights_sha256,
             flush_seconds=_flush_seconds(),
+            background=True,  # the store is written while the next batches run
         )
         if writer.complete:
             writer.close()
