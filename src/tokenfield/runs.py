@@ -306,6 +306,8 @@ def check_writable_dir(path: Path) -> None:
 
 # rows per chunk of a buffered run's 1-D coordinates along its growing dimension
 COORD_CHUNK = 1 << 16
+# bytes per chunk of a buffered run's larger variables (e.g. a trace's states)
+CHUNK_BYTES = 4 << 20
 
 
 class RunWriter:
@@ -579,14 +581,26 @@ class RunWriter:
             warnings.simplefilter("ignore")
             if at == 0 or not self.store.exists():
                 chunk = int(pieces[0].sizes[self.append_dim])  # one piece per chunk, as before
+                buffered = self.flush_seconds > 0
                 # Buffered writers (few, large writes) keep 1-D coordinates (tokens,
                 # prompts, ...) in long chunks: a few files to read back instead of
-                # one per piece; each write rewrites at most one partial chunk.
-                long = max(chunk, COORD_CHUNK) if self.flush_seconds > 0 else chunk
+                # one per piece; each write rewrites at most one partial chunk. Their
+                # large variables get chunks of about CHUNK_BYTES, which Zarr encodes
+                # and writes fastest (measured: 590 MB/s at 4 MB, 300 MB/s at 40 MB).
+                long = max(chunk, COORD_CHUNK) if buffered else chunk
+
+                def rows(var: xr.Variable) -> int:
+                    if not buffered:
+                        return chunk
+                    if var.ndim == 1:
+                        return long
+                    row_bytes = var.dtype.itemsize * var.size // max(1, var.sizes[self.append_dim])
+                    return max(1, min(chunk, CHUNK_BYTES // max(1, row_bytes)))
+
                 encoding = {
                     name: {
                         "chunks": tuple(
-                            (long if var.ndim == 1 else chunk) if dim == self.append_dim else size
+                            rows(var) if dim == self.append_dim else size
                             for dim, size in zip(var.dims, var.shape, strict=True)
                         )
                     }
