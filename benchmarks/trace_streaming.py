@@ -17,7 +17,9 @@ Run it on a quiet machine: on a loaded one the wall times mostly measure the oth
 
 With ``--rss``, also the peak resident memory (``ru_maxrss``) of a streamed
 ``positions="all"`` trace of 200 and of 2,000 prompts by a tiny random-weight
-Llama, each in a fresh subprocess; target: 2,000 <= 1.5x 200.
+Llama, each in a fresh subprocess; target: 2,000 <= 1.5x 200. As that peak may
+be set while setting up, the RSS is also sampled every 5 ms during the trace,
+and its growth over the RSS just before the trace is printed.
 
 Usage: python benchmarks/trace_streaming.py [--model smollm2] [--copies 1] [--positions last]
        [--repeats 5] [--rss] [--json F]
@@ -43,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RSS_SCRIPT = textwrap.dedent(
     """
-    import resource, sys, tempfile
+    import resource, sys, tempfile, threading, time
     sys.path.insert(0, {root!r})
-    import torch, transformers as tr
+    import psutil, torch, transformers as tr
     from tests.integration.tiny import WORDS, tiny_tokenizer
     from tokenfield.models.load import wrap_model
     import tokenfield as tf
@@ -56,20 +58,34 @@ RSS_SCRIPT = textwrap.dedent(
         name="tiny")
     prompts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(8 + i % 9))
                for i in range({n})]
+    tf.trace(model, prompts[:16], positions="all", out=tempfile.mkdtemp() + "/warm")
+    process = psutil.Process()
+    before, peak, running = process.memory_info().rss, [0], [True]
+    def sample():
+        while running[0]:
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.005)
+    thread = threading.Thread(target=sample)
+    thread.start()
     tf.trace(model, prompts, positions="all", out=tempfile.mkdtemp() + "/run")
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    running[0] = False
+    thread.join()
+    peak[0] = max(peak[0], process.memory_info().rss)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, before // 1024, peak[0] // 1024)
     """
 )
 
 
-def peak_rss_kib(n: int) -> int:
+def peak_rss_kib(n: int) -> tuple[int, int, int]:
+    """(ru_maxrss, RSS before the trace, peak RSS during it) in KiB, fresh process."""
     code = RSS_SCRIPT.format(root=str(ROOT), n=n)
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
     )
     if done.returncode:
         raise SystemExit(done.stderr[-2000:])
-    return int(done.stdout.strip().splitlines()[-1])
+    maxrss, before, peak = map(int, done.stdout.strip().splitlines()[-1].split())
+    return maxrss, before, peak
 
 
 def main() -> None:
@@ -192,13 +208,27 @@ def main() -> None:
         + f"  (CPU time {attn_s / memory_s:.3f}x)"
     )
     if args.rss:
-        small, large = peak_rss_kib(200), peak_rss_kib(2000)
-        results.update(rss_kib_200=small, rss_kib_2000=large)
+        (small, small_0, small_peak), (large, large_0, large_peak) = (
+            peak_rss_kib(200),
+            peak_rss_kib(2000),
+        )
+        small_growth, large_growth = small_peak - small_0, large_peak - large_0
+        results.update(
+            rss_kib_200=small,
+            rss_kib_2000=large,
+            rss_growth_kib_200=small_growth,
+            rss_growth_kib_2000=large_growth,
+        )
         print(
             f"peak RSS, streamed positions=all trace: 200 prompts {small / 1024:.0f} MiB, "
             f"2,000 prompts {large / 1024:.0f} MiB ({large / small:.2f}x; target <= 1.5x: "
             + ("MET" if large <= 1.5 * small else "NOT MET")
             + ")"
+        )
+        print(
+            "RSS growth during the trace (sampled every 5 ms, over the RSS before it): "
+            f"200 prompts {small_growth / 1024:.1f} MiB, 2,000 prompts "
+            f"{large_growth / 1024:.1f} MiB"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -45,7 +45,9 @@ def main() -> None:
     ref = reference.states.values
     table = {}
     for dtype in args.dtypes.split(","):
-        run = tf.trace(tf.load_model(args.model, dtype=dtype), args.prompts, positions=args.positions)
+        run = tf.trace(
+            tf.load_model(args.model, dtype=dtype), args.prompts, positions=args.positions
+        )
         table[dtype] = differences(ref, run.states.values)
     dtypes = list(table)
     header = "| time | " + " | ".join(f"{d} max | {d} median" for d in dtypes) + " |"

@@ -16,6 +16,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _docblock  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "steering.md"
 DATA = ROOT / "docs" / "data"
@@ -124,9 +127,7 @@ def render(data: Path = DATA) -> str:
 
 
 def block_of(text: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"docs/steering.md has no '{BEGIN}' ... '{END}' block")
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+    return _docblock.block_of(text, BEGIN, END, "docs/steering.md")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,27 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.check or args.write):
         print(fresh)
         return 0
-    text = args.doc.read_text()
-    current = block_of(text)
-    if args.check:
-        if current == fresh:
-            return 0
-        old, new = current.splitlines(), fresh.splitlines()
-        for i in range(max(len(old), len(new))):
-            a = old[i] if i < len(old) else "(missing)"
-            b = new[i] if i < len(new) else "(missing)"
-            if a != b:
-                print(f"{args.doc}: the generated block differs at its line {i + 1}:\n"
-                      f"  doc:       {a}\n  generated: {b}\n"
-                      "run: python scripts/steering_tables.py --write", file=sys.stderr)  # fmt: skip
-                return 1
-        return 1
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    tmp = args.doc.with_name(f".{args.doc.name}.tmp")
-    tmp.write_text(f"{head}{BEGIN}\n{fresh}\n{END}{tail}")
-    tmp.replace(args.doc)
-    return 0
+    return _docblock.check_or_write(
+        args.doc, BEGIN, END, fresh, check=args.check, script="steering_tables.py"
+    )
 
 
 if __name__ == "__main__":
