@@ -6,7 +6,9 @@ render docs' measured tables (``steering_tables.py``, ``scaling_tables.py``) use
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -40,3 +42,30 @@ def check_or_write(doc: Path, begin: str, end: str, fresh: str, *, check: bool, 
     tmp.write_text(f"{head}{begin}\n{fresh}\n{end}{tail}")
     tmp.replace(doc)
     return 0
+
+
+Blocks = Callable[[Path], list[tuple[str, str, str]]]
+
+
+def main(
+    argv: list[str] | None, description: str, doc: Path, data: Path, blocks: Blocks, script: str
+) -> int:
+    """The scripts' command line: print the blocks, ``--check`` them, or ``--write`` them.
+
+    ``blocks(data)`` gives ``(begin, end, fresh text)`` for every generated block of ``doc``.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--check", action="store_true", help="fail if the doc differs")
+    group.add_argument("--write", action="store_true", help="update the doc in place")
+    parser.add_argument("--doc", type=Path, default=doc)
+    parser.add_argument("--data", type=Path, default=data)
+    args = parser.parse_args(argv)
+    rendered = blocks(args.data)
+    if not (args.check or args.write):
+        print("\n\n".join(fresh for _begin, _end, fresh in rendered))
+        return 0
+    return max(
+        check_or_write(args.doc, begin, end, fresh, check=args.check, script=script)
+        for begin, end, fresh in rendered
+    )

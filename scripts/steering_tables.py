@@ -11,7 +11,6 @@ that ``tokenfield eval-steering`` wrote, copied to docs/data/eval-<model>.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -130,21 +129,12 @@ def block_of(text: str) -> str:
     return _docblock.block_of(text, BEGIN, END, "docs/steering.md")
 
 
+def blocks(data: Path) -> list[tuple[str, str, str]]:
+    return [(BEGIN, END, render(data))]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--check", action="store_true", help="fail if the doc differs")
-    group.add_argument("--write", action="store_true", help="update the doc in place")
-    parser.add_argument("--doc", type=Path, default=DOC)
-    parser.add_argument("--data", type=Path, default=DATA)
-    args = parser.parse_args(argv)
-    fresh = render(args.data)
-    if not (args.check or args.write):
-        print(fresh)
-        return 0
-    return _docblock.check_or_write(
-        args.doc, BEGIN, END, fresh, check=args.check, script="steering_tables.py"
-    )
+    return _docblock.main(argv, __doc__.splitlines()[0], DOC, DATA, blocks, "steering_tables.py")
 
 
 if __name__ == "__main__":

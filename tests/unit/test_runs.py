@@ -167,18 +167,23 @@ def test_buffered_flushes_equal_piece_by_piece_writes(tmp_path):
     )
 
 
-def test_background_writes_equal_piece_by_piece_writes(tmp_path):
-    """flush_bytes=1: every append hands the pending piece to the writer thread."""
-    one = RunWriter(tmp_path / "one", "trace", {"a": 1}, append_dim="particle")
-    bg = RunWriter(
-        tmp_path / "bg",
+def background_writer(path, flush_bytes: int = 1) -> RunWriter:
+    """A writer that hands pieces to its thread once they hold ``flush_bytes``."""
+    return RunWriter(
+        path,
         "trace",
         {"a": 1},
         append_dim="particle",
         flush_seconds=1e9,
-        flush_bytes=1,
+        flush_bytes=flush_bytes,
         background=True,
     )
+
+
+def test_background_writes_equal_piece_by_piece_writes(tmp_path):
+    """flush_bytes=1: every append hands the pending piece to the writer thread."""
+    one = RunWriter(tmp_path / "one", "trace", {"a": 1}, append_dim="particle")
+    bg = background_writer(tmp_path / "bg")
     assert bg.background
     for done, start in enumerate(range(0, 15, 3), start=1):
         one.append(buffered_piece(start, 3), done=done)
@@ -194,15 +199,7 @@ def test_a_background_write_error_is_raised_by_the_next_call(tmp_path, monkeypat
     import tokenfield.runs as runs
 
     run = tmp_path / "r"
-    writer = RunWriter(
-        run,
-        "trace",
-        {"a": 1},
-        append_dim="particle",
-        flush_seconds=1e9,
-        flush_bytes=1,
-        background=True,
-    )
+    writer = background_writer(run)
     writer.append(buffered_piece(0, 3), done=1)
     writer.flush()
 
@@ -220,18 +217,7 @@ def test_a_background_write_error_is_raised_by_the_next_call(tmp_path, monkeypat
 
 def test_an_interrupt_keeps_the_background_write_and_the_pending_pieces(tmp_path):
     run = tmp_path / "r"
-    with (
-        pytest.raises(KeyboardInterrupt),
-        RunWriter(
-            run,
-            "trace",
-            {"a": 1},
-            append_dim="particle",
-            flush_seconds=1e9,
-            flush_bytes=40,
-            background=True,
-        ) as writer,
-    ):
+    with pytest.raises(KeyboardInterrupt), background_writer(run, flush_bytes=40) as writer:
         for done, start in enumerate(range(0, 12, 3), start=1):
             writer.append(buffered_piece(start, 3), done=done)
         raise KeyboardInterrupt

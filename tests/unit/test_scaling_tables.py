@@ -3,19 +3,12 @@ the committed benchmark JSON files render to."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests._scripts import ROOT
+from tests._scripts import load_script as _load
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "scaling_tables", ROOT / "scripts" / "scaling_tables.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("scaling_tables")
 
 
 def test_committed_doc_matches_the_committed_data():
