@@ -141,15 +141,23 @@ def streaming_table(data: Path) -> list[str]:
 
 def rss_lines(data: Path) -> list[str]:
     r = load(data, "cpu2-rss")
-    mib = {key: value / 1024 for key, value in r.items() if key.startswith("rss_")}
+    sizes = sorted(int(key.rsplit("_", 1)[1]) for key in r if key.startswith("rss_peak_kib_"))
+    lines = [
+        "| prompts | RSS just before the trace | peak RSS during it | growth | peak / peak at 200 |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n in sizes:
+        before, peak = r[f"rss_before_kib_{n}"] / 1024, r[f"rss_peak_kib_{n}"] / 1024
+        ratio = r[f"rss_peak_kib_{n}"] / r["rss_peak_kib_200"]
+        lines.append(
+            f"| {n:,} | {before:,.0f} MiB | {peak:,.0f} MiB | {peak - before:,.0f} MiB "
+            f"| {ratio:.2f}x |"
+        )
     return [
-        "Peak memory of a streamed `positions=all` trace (tiny random-weight Llama, a fresh "
-        f"process each, `--rss`): {mib['rss_kib_200']:,.0f} MiB for 200 prompts and "
-        f"{mib['rss_kib_2000']:,.0f} MiB for 2,000 prompts "
-        f"({r['rss_kib_2000'] / r['rss_kib_200']:.2f}x). That peak is set while setting up; "
-        "the RSS sampled every 5 ms during the trace grew by "
-        f"{mib['rss_growth_kib_200']:.1f} MiB over its level just before the trace for 200 "
-        f"prompts and by {mib['rss_growth_kib_2000']:.1f} MiB for 2,000.",
+        "Memory of a streamed `positions=all` trace (`--rss --rss-20000`: tiny random-weight "
+        "Llama, a fresh process each, RSS sampled every 5 ms):",
+        "",
+        *lines,
     ]
 
 

@@ -167,6 +167,17 @@ def test_buffered_flushes_equal_piece_by_piece_writes(tmp_path):
     )
 
 
+def test_a_writer_keeps_at_most_flush_pieces_in_memory(tmp_path):
+    writer = RunWriter(
+        tmp_path / "r", "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9, flush_pieces=3
+    )
+    for done, start in enumerate(range(0, 12, 2), start=1):
+        writer.append(buffered_piece(start, 2), done=done)
+        assert len(writer._pending) == done % 3
+    assert read_run_info(tmp_path / "r").progress == {"done": 6, "size": 12}
+    writer.finish()
+
+
 def background_writer(path, flush_bytes: int = 1) -> RunWriter:
     """A writer that hands pieces to its thread once they hold ``flush_bytes``."""
     return RunWriter(
