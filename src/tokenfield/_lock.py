@@ -25,6 +25,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,11 +72,18 @@ def _key(directory: str | Path) -> Path:
     return Path(os.path.realpath(Path(directory).expanduser()))
 
 
-def _holder(path: Path) -> str:
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(path.read_text().strip() or "x")
-        return f"process {pid}"
-    return "another process"
+def _holder(path: Path, wait: float = 1.0) -> str:
+    """Who holds the lock: its pid, which the holder writes just after it locks
+    (so an empty file is waited on for up to ``wait`` seconds)."""
+    deadline = time.monotonic() + wait
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            text = path.read_text().strip()
+            if text:
+                return f"process {int(text)}"
+        if time.monotonic() >= deadline:
+            return "another process"
+        time.sleep(0.01)
 
 
 def acquire(directory: str | Path, *, what: str = "output directory") -> WriterLock:

@@ -528,3 +528,27 @@ def test_eval_steering_on_an_encoder_leaves_no_directory(tmp_path, capsys):
     assert code == 2
     assert "no language-model head" in one_error_line(err)
     assert not out.exists()
+
+
+def test_a_second_writer_names_the_holder_that_has_not_written_its_pid_yet(tmp_path):
+    """The holder locks first and writes its pid just after: a second writer that
+    comes in between waits for the pid instead of saying 'another process'."""
+    import fcntl
+    import os
+    import threading
+
+    from tokenfield._lock import LOCK_NAME, acquire
+    from tokenfield.errors import UserError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    fd = os.open(run / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # locked, still empty
+    late = threading.Timer(0.2, lambda: os.write(fd, b"4242\n"))
+    late.start()
+    try:
+        with pytest.raises(UserError, match="is being written by process 4242"):
+            acquire(run, what="run")
+    finally:
+        late.join()
+        os.close(fd)
