@@ -59,19 +59,23 @@ def command(model: Path, prompts: Path, out: Path) -> list[str]:
     ]
 
 
-def environment() -> dict[str, str]:
+def environment(flush_seconds: str = "0") -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     # write every batch at once, so progress shows mid-trace however fast the machine
-    env["TOKENFIELD_FLUSH_SECONDS"] = "0"
+    env["TOKENFIELD_FLUSH_SECONDS"] = flush_seconds
     env["COLUMNS"] = "200"
     return env
 
 
-def start(args: list[str]) -> subprocess.Popen:
+def start(args: list[str], flush_seconds: str = "0") -> subprocess.Popen:
     return subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment()
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(flush_seconds),
     )
 
 
@@ -137,12 +141,20 @@ def test_two_traces_on_one_out_one_wins_and_the_run_is_clean(
     assert not (out / ".tokenfield.lock").exists()
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("signum", "code", "flush_seconds"),
+    [
+        (signal.SIGINT, 130, "0"),
+        (signal.SIGTERM, 143, "0"),
+        # buffered: the background writer thread is busy or holds pieces when the signal comes
+        (signal.SIGINT, 130, "0.01"),
+    ],
+)
 def test_interrupt_exits_with_the_resume_line_and_the_rerun_is_clean(
-    tiny_dir, prompt_file, clean_run, tmp_path, signum, code
+    tiny_dir, prompt_file, clean_run, tmp_path, signum, code, flush_seconds
 ):
     out = tmp_path / "interrupted"
-    proc = start(command(tiny_dir, prompt_file, out))
+    proc = start(command(tiny_dir, prompt_file, out), flush_seconds)
     wait_for(lambda: progress_done(out) >= 6)
     proc.send_signal(signum)
     rc, err = finish(proc)
@@ -155,7 +167,7 @@ def test_interrupt_exits_with_the_resume_line_and_the_rerun_is_clean(
     assert info["status"] == "partial"
     assert 6 <= info["progress"]["done"] < N_PROMPTS
     assert not (out / ".tokenfield.lock").exists()
-    rc, err = finish(start(command(tiny_dir, prompt_file, out)))
+    rc, err = finish(start(command(tiny_dir, prompt_file, out), flush_seconds))
     assert rc == 0, err
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
     xr.testing.assert_identical(load(out), load(clean_run))
