@@ -368,6 +368,7 @@ class RunWriter:
         self.path = Path(path)
         self._executor: ThreadPoolExecutor | None = None
         self._writing: Future[None] | None = None
+        self._inflight: list[tuple[xr.Dataset, int, dict[str, Any]]] = []  # what it writes
         self.background = bool(background) and float(flush_seconds) > 0
         self.append_dim = append_dim
         self.flush_seconds = float(flush_seconds)
@@ -560,13 +561,29 @@ class RunWriter:
             self._last_flush = time.monotonic()
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenfield-writer")
+            self._inflight = pending
             self._writing = self._executor.submit(self._write, pending)
 
     def _wait(self) -> None:
-        """Wait for the background write, if one runs; raise its error."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
+        """Wait for the background write, if one runs; raise its error.
+
+        The write is forgotten only once it has ended: an interrupt while
+        waiting leaves it to :meth:`close`, which waits again before it writes
+        anything else (two writes at once would both write at the same
+        recorded size). A failed write's pieces go back in front of the
+        pending ones, so that nothing after them is recorded without them."""
+        writing = self._writing
+        if writing is None:
+            return
+        try:
             writing.result()
+        except Exception:
+            self._pending = self._inflight + self._pending
+            self._pending_bytes += sum(int(piece.nbytes) for piece, _d, _p in self._inflight)
+            raise
+        finally:
+            if writing.done():
+                self._writing, self._inflight = None, []
 
     def flush(self) -> None:
         """Write the pending pieces at the recorded size, then record the progress
