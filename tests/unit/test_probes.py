@@ -44,3 +44,79 @@ def test_span_rotation_keeps_inner_products_of_the_standardised_sphere():
     std = (unit - unit.mean(0)) / unit.std(0)
     np.testing.assert_allclose(z @ z.T, std @ std.T, atol=1e-9)
     assert z.shape[1] <= 12
+
+
+def sklearn_fit(x: np.ndarray, labels: np.ndarray, c: float = 1.0):
+    """scikit-learn's LogisticRegression solved tightly: the reference optimum."""
+    import warnings
+
+    from sklearn.linear_model import LogisticRegression
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return LogisticRegression(C=c, solver="newton-cg", tol=1e-12, max_iter=10_000).fit(
+            x, labels
+        )
+
+
+@pytest.mark.parametrize("classes", [2, 3, 5])
+def test_the_batched_solver_reaches_scikit_learns_optimum(classes):
+    """Coefficients and intercepts of every (time, labelling, fold) problem equal a
+    tightly solved scikit-learn fit: multinomial, binomial for two classes, and a
+    fold whose training rows lack a class (fitted on the classes it has)."""
+    from tokenfield.analysis.probes import _logistic_batch
+
+    rng = np.random.default_rng(classes)
+    n, times = 24, 2
+    codes = np.stack([np.arange(n) % classes, rng.permutation(np.arange(n) % classes)])
+    x = rng.standard_normal((times, n, 6)) + 0.8 * rng.standard_normal((classes, 6))[codes[0]]
+    train = np.ones((2, n))
+    train[0, :6] = 0  # a fold: rows 0-5 held out
+    train[1, codes[0] == classes - 1] = 0  # a fold without the last class (real labels)
+    w, b, present = _logistic_batch(x, codes, train, 0.7)
+    for t in range(times):
+        for labelling in range(2):
+            for fold in range(2):
+                rows = train[fold] > 0
+                if present[labelling, fold].sum() == 1:  # one class: nothing to fit
+                    assert not w[t, :, labelling, fold].any()
+                    continue
+                ref = sklearn_fit(x[t][rows], codes[labelling][rows], c=0.7)
+                have = np.flatnonzero(present[labelling, fold])
+                np.testing.assert_array_equal(have, ref.classes_)
+                coef = w[t, :, labelling, fold][:, have].T  # (classes, features)
+                bias = b[t, labelling, fold][have]
+                if have.size == 2:  # binomial: one vector, the difference
+                    coef, bias = coef[1:] - coef[:1], bias[1:] - bias[:1]
+                else:  # intercepts: defined up to a common shift
+                    bias, ref_bias = bias - bias.mean(), ref.intercept_ - ref.intercept_.mean()
+                np.testing.assert_allclose(coef, ref.coef_, atol=1e-6)
+                np.testing.assert_allclose(
+                    bias, ref.intercept_ if have.size == 2 else ref_bias, atol=1e-6
+                )
+
+
+def test_batched_cross_validation_counts_equal_scikit_learn():
+    """The real labels and shuffles, 5-fold and leave-one-out: the same test rows
+    predicted right as one scikit-learn fit per fold (solved tightly)."""
+    from tokenfield.analysis.probes import _cv_correct, _folds
+
+    rng = np.random.default_rng(7)
+    for classes, n_per in [(2, 7), (4, 6), (5, 3)]:
+        x, labels = clustered(n_per, classes, 10, separation=0.6, seed=classes)
+        z = _prepare(x)
+        codes = np.unique(labels, return_inverse=True)[1]
+        labellings = np.stack([codes, *(rng.permutation(codes) for _ in range(4))])
+        splits, _cv = _folds(codes, 5, 0)
+        expected = []
+        for lab in labellings:
+            right = 0
+            for train, test in splits:
+                if np.unique(lab[train]).size < 2:
+                    right += int((lab[test] == lab[train][0]).sum())
+                    continue
+                right += int(
+                    (sklearn_fit(z[train], lab[train]).predict(z[test]) == lab[test]).sum()
+                )
+            expected.append(right)
+        np.testing.assert_array_equal(_cv_correct(z[None], labellings, splits, 1.0)[0], expected)
