@@ -120,3 +120,19 @@ def test_batched_cross_validation_counts_equal_scikit_learn():
                 )
             expected.append(right)
         np.testing.assert_array_equal(_cv_correct(z[None], labellings, splits, 1.0)[0], expected)
+
+
+def test_fits_split_into_smaller_batches_give_the_same_curve(monkeypatch):
+    """A small batch budget splits the times and the labellings (many folds):
+    the same accuracies and nulls as one batch."""
+    import tokenfield.analysis.probes as probes
+
+    x, labels = clustered(4, 3, 12, separation=1.0, seed=5)  # 4 per class: leave-one-out
+    rng = np.random.default_rng(0)
+    features = np.stack([x + 0.3 * rng.standard_normal(x.shape) for _ in range(3)])
+    whole = probe_accuracy(features, labels, permutations=6)
+    monkeypatch.setattr(probes, "BATCH_ENTRIES", 1)
+    split = probe_accuracy(features, labels, permutations=6)
+    assert whole.cv == "leave-one-out"
+    for name in ("accuracy", "null_mean", "null_high", "p_value", "p_corrected"):
+        np.testing.assert_array_equal(getattr(split, name), getattr(whole, name))

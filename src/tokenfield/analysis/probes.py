@@ -43,6 +43,9 @@ from tokenfield.errors import UserError
 
 __all__ = ["ProbeCurve", "pooled_features", "last_token_features", "probe_accuracy"]
 
+# The most (problem, row, class) entries of one batch of fits (16 MB per float64 array).
+BATCH_ENTRIES = 2_000_000
+
 
 @dataclass(frozen=True)
 class ProbeCurve:
@@ -320,12 +323,25 @@ def probe_accuracy(
     z = np.zeros((x.shape[0], labels.size, max(p.shape[1] for p in prepared)))
     for t, p in enumerate(prepared):
         z[t, :, : p.shape[1]] = p  # zero columns: coefficients that stay 0
-    # times in groups of about 2 million (problem, row, class) entries per array
-    entries_per_time = labellings.shape[0] * len(splits) * labels.size * classes.size
-    group = max(1, 2_000_000 // entries_per_time)
+    # problems in groups of about BATCH_ENTRIES (row, class) entries per array:
+    # several times at once, or (many folds: leave-one-out) part of the labellings
+    per_labelling = len(splits) * labels.size * classes.size
+    labels_at_once = max(1, min(len(labellings), BATCH_ENTRIES // per_labelling))
+    times_at_once = max(1, BATCH_ENTRIES // (per_labelling * labels_at_once))
     correct = (
         np.concatenate(
-            [_cv_correct(z[i : i + group], labellings, splits, c) for i in range(0, len(z), group)]
+            [
+                np.concatenate(
+                    [
+                        _cv_correct(
+                            z[i : i + times_at_once], labellings[j : j + labels_at_once], splits, c
+                        )
+                        for j in range(0, len(labellings), labels_at_once)
+                    ],
+                    axis=1,
+                )
+                for i in range(0, len(z), times_at_once)
+            ]
         )
         / labels.size
     )  # (T, 1 + permutations)
