@@ -312,12 +312,12 @@ def probe_accuracy(
     labels = np.asarray(labels)
     if x.ndim != 3 or x.shape[1] != labels.size:
         raise UserError(f"features must be (time, n, d) with n = {labels.size}, got {x.shape}")
-    classes, counts = np.unique(labels, return_counts=True)
+    classes, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    codes = codes.reshape(-1)
     if classes.size < 2:
         raise UserError("probes need at least two categories", "trace a prompt set with categories")
     splits, cv = _folds(labels, folds, seed)
     rng = np.random.default_rng(seed)
-    codes = np.unique(labels, return_inverse=True)[1].reshape(-1)
     shuffles = [rng.permutation(codes) for _ in range(permutations)]
     labellings = np.stack([codes, *shuffles])  # the real labels, then the shuffles
     prepared = [_prepare(x[t]) for t in range(x.shape[0])]
@@ -329,23 +329,13 @@ def probe_accuracy(
     per_labelling = len(splits) * labels.size * classes.size
     labels_at_once = max(1, min(len(labellings), BATCH_ENTRIES // per_labelling))
     times_at_once = max(1, BATCH_ENTRIES // (per_labelling * labels_at_once))
-    correct = (
-        np.concatenate(
-            [
-                np.concatenate(
-                    [
-                        _cv_correct(
-                            z[i : i + times_at_once], labellings[j : j + labels_at_once], splits, c
-                        )
-                        for j in range(0, len(labellings), labels_at_once)
-                    ],
-                    axis=1,
-                )
-                for i in range(0, len(z), times_at_once)
-            ]
-        )
-        / labels.size
-    )  # (T, 1 + permutations)
+    correct = np.empty((len(z), len(labellings)))  # (T, 1 + permutations)
+    for i in range(0, len(z), times_at_once):
+        for j in range(0, len(labellings), labels_at_once):
+            correct[i : i + times_at_once, j : j + labels_at_once] = _cv_correct(
+                z[i : i + times_at_once], labellings[j : j + labels_at_once], splits, c
+            )
+    correct /= labels.size
     accuracy, null_mean, null_high = [], [], []
     nulls = np.full((permutations, x.shape[0]), np.nan)
     for t in range(x.shape[0]):
