@@ -24,7 +24,7 @@ shuffles, is solved in one batch (:func:`_logistic_batch`, Newton's method with
 preconditioned conjugate gradients) to scikit-learn's optimum, tightly: the
 tests compare coefficients with ``LogisticRegression(tol=1e-12)``. One
 scikit-learn fit per problem at its default tolerance was 2x slower on the demo
-run (25 prompts; 1.3x faster at 400) and stopped early enough to move a
+run (25 prompts; 1.2x faster at 400: ``benchmarks/probe_fits.py``) and stopped early enough to move a
 borderline test prompt.
 
 Cross-validation: stratified ``k``-fold (shuffled, seeded) when every class has
