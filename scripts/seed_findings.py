@@ -84,9 +84,11 @@ def load(path: Path, times: str = "all"):
 # resampling helpers (no model: tested in tests/unit/test_seed_findings_stats.py)
 
 
-def bootstrap_indices(groups, n_boot: int = BOOTSTRAP, seed: int = 0) -> np.ndarray:
+def bootstrap_indices(groups, n_boot: int | None = None, seed: int = 0) -> np.ndarray:
     """``(n_boot, n)`` prompt indices resampled with replacement within each group, so
-    every draw keeps each group's size (the exchangeable unit is the prompt)."""
+    every draw keeps each group's size (the exchangeable unit is the prompt);
+    ``n_boot`` defaults to :data:`BOOTSTRAP`."""
+    n_boot = BOOTSTRAP if n_boot is None else n_boot
     groups = np.asarray(groups)
     rng = np.random.default_rng(seed)
     out = np.empty((n_boot, groups.size), dtype=int)
