@@ -34,7 +34,8 @@ def trace_command(
         typer.Option(
             "--prompts",
             "-p",
-            help="Bundled set (seed-categories, seed-spectrum) or a file: .txt (one a line), "
+            help="Bundled set (seed-categories, seed-spectrum, replication-categories, "
+            "replication-spectrum) or a file: .txt (one a line), "
             ".jsonl/.csv with 'text' and optional 'category', .yaml.",
         ),
     ] = "seed-categories",

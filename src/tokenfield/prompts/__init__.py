@@ -1,4 +1,4 @@
-"""Prompt sets: the seed experiment's two sets, and loaders for user files.
+"""Prompt sets: the seed experiment's two sets, their replication sets, and loaders for user files.
 
 A prompt is text plus an optional category and label (the seed numbers its
 spectrum prompts 1..21; the label carries that number).
@@ -7,7 +7,10 @@ Accepted sources for :func:`load_prompts`:
 
 - a bundled set name: ``seed-categories`` (25 prompts in 5 categories) or
   ``seed-spectrum`` (21 numbered prompts in 7 groups), exactly as written in the
-  seed post;
+  seed post; or ``replication-categories`` (160 prompts, 32 in each of the same
+  5 categories) or ``replication-spectrum`` (221 prompts, 31 or 32 in each of the
+  same 7 groups): fresh prompts that share none with the seed sets, for testing
+  the seed's claims on prompts nobody chose a layer on (labels ``R1``, ``R2``...);
 - ``.txt``: one prompt a line (blank lines and lines starting with ``#`` skipped);
 - ``.jsonl``: one object a line with ``text`` and optional ``category``, ``label``;
 - ``.csv``: a header row with a ``text`` column and optional ``category``, ``label``;
@@ -30,7 +33,12 @@ from typing import Any
 
 from tokenfield.errors import UserError
 
-BUNDLED_SETS = ("seed-categories", "seed-spectrum")
+BUNDLED_SETS = (
+    "seed-categories",
+    "seed-spectrum",
+    "replication-categories",
+    "replication-spectrum",
+)
 #: The fields (keys, columns) a prompt may have; any other is a typo and an error.
 FIELDS = ("text", "category", "label")
 
