@@ -8,12 +8,12 @@ function and checks the outcome (on disk where there is one). No model is loaded
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tests._cli import run_cli
+from tests._sockets import silent_server
 from tokenfield.errors import UserError
 from tokenfield.prompts import load_prompts
 
@@ -91,3 +91,91 @@ def test_a_lone_surrogate_in_a_prompt_is_one_line(tmp_path, name, content, capsy
     assert code == 2
     assert "lone surrogate (U+D800)" in one_error_line(err)
     assert not (tmp_path / "r").exists()
+
+
+# --- the Dask scheduler: a checked address, a bounded handshake, loopback only ----
+
+
+@pytest.fixture
+def silent_scheduler():
+    with silent_server() as server:
+        yield server
+
+
+def test_the_handshake_with_a_silent_scheduler_is_bounded(silent_scheduler):
+    from tokenfield._dask import connect
+
+    address, accepted = silent_scheduler
+    with pytest.raises(UserError, match="accepted no handshake within 0.5 s"):
+        connect(address, timeout=0.5)
+    assert accepted  # it did connect: the wait was for the answer
+
+
+PHASE = ["phase-diagram", "--dims", "2", "--betas", "1", "--t-max", "0.2", "--frames", "3",
+         "--n", "4", "--systems", "2"]  # fmt: skip
+
+
+def test_phase_diagram_with_a_silent_scheduler_leaves_no_store(
+    silent_scheduler, tmp_path, monkeypatch, capsys
+):
+    import tokenfield._dask as dask_module
+
+    monkeypatch.setattr(dask_module, "HANDSHAKE_TIMEOUT", 0.5)
+    address, _accepted = silent_scheduler
+    out = tmp_path / "sweep"
+    code, _out, err = run_cli([*PHASE, "--scheduler", address, "--out", out], capsys)
+    assert code == 2
+    assert "accepted no handshake within 0.5 s" in one_error_line(err)
+    assert not (out / "phase_diagram.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    "address, said",
+    [
+        ("tls://127.0.0.1:8786", "asks for TLS"),
+        ("wss://127.0.0.1:8786", "asks for TLS"),
+        ("tcp://127.0.0.1:notaport", "is not HOST:PORT"),
+        ("tcp://127.0.0.1:99999", "bad port"),
+        ("nonsense", "is not HOST:PORT"),
+        ("foo://host:1", "unsupported scheme 'foo'"),
+        ("ucx://host:1", "unsupported scheme 'ucx'"),
+        ("inproc://x", "unsupported scheme 'inproc'"),
+    ],
+)
+def test_a_bad_scheduler_address_is_one_line_before_any_work(tmp_path, address, said, capsys):
+    out = tmp_path / "sweep"
+    code, _out, err = run_cli([*PHASE, "--scheduler", address, "--out", out], capsys)
+    assert code == 2
+    assert said in one_error_line(err)
+    assert not out.exists()
+
+
+def test_the_sweep_itself_connects_before_it_creates_the_store(
+    silent_scheduler, tmp_path, monkeypatch
+):
+    import tokenfield._dask as dask_module
+    from tokenfield.meanfield.phase import PhaseDiagramConfig, phase_diagram
+
+    monkeypatch.setattr(dask_module, "HANDSHAKE_TIMEOUT", 0.5)
+    config = PhaseDiagramConfig(dims=(2,), betas=(1.0,), t_max=0.2, frames=3, n_particles=4,
+                                n_systems=2)  # fmt: skip
+    with pytest.raises(UserError, match="accepted no handshake"):
+        phase_diagram(config, store=tmp_path / "s.zarr", scheduler=silent_scheduler[0])
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_local_cluster_listens_on_loopback_only():
+    from dask.distributed import Client
+
+    from tokenfield._dask import local_cluster
+
+    with local_cluster(1, processes=True, dashboard=True, threads_per_worker=1) as cluster:
+        with Client(cluster) as client:
+            worker_hosts = {
+                w.split("://")[1].rsplit(":", 1)[0] for w in client.scheduler_info()["workers"]
+            }  # noqa: E501
+        scheduler = cluster.scheduler
+        sockets = [s.getsockname()[0] for s in scheduler.http_server._sockets.values()]
+        assert sockets and set(sockets) == {"127.0.0.1"}  # the dashboard
+        assert scheduler.address.startswith("tcp://127.0.0.1:")
+        assert worker_hosts == {"127.0.0.1"}
