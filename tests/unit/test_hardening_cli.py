@@ -8,6 +8,7 @@ function and checks the outcome (on disk where there is one). No model is loaded
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,48 @@ def test_a_local_cluster_listens_on_loopback_only():
         assert sockets and set(sockets) == {"127.0.0.1"}  # the dashboard
         assert scheduler.address.startswith("tcp://127.0.0.1:")
         assert worker_hosts == {"127.0.0.1"}
+
+
+# --- --generate against the model's context; --max-memory in bytes ---------------
+
+
+@pytest.mark.parametrize("generate", [10**6, 65])
+def test_generate_beyond_the_context_is_refused_before_loading(tmp_path, generate, capsys):
+    # a model directory with a config and no weights: refused before any loading
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "llama", "max_position_embeddings": 64})
+    )
+    out = tmp_path / "r"
+    code, _out, err = run_cli(["trace", "-m", model, "--generate", generate, "-o", out], capsys)
+    assert code == 2
+    line = one_error_line(err)
+    assert f"--generate {generate} is beyond the context of model" in line
+    assert "(64 tokens); pass --generate 63 or less" in line
+    assert not out.exists()
+
+
+def test_generate_after_a_long_prompt_names_the_room_left():
+    from tokenfield.errors import ParameterError
+    from tokenfield.models.trace import check_generate_length
+
+    check_generate_length(54, 64, "m", prompt_tokens=10)  # exactly fills the context
+    with pytest.raises(ParameterError, match="55 after a prompt of 10 tokens .* pass generate 54"):
+        check_generate_length(55, 64, "m", prompt_tokens=10)
+    check_generate_length(10**6, None, "m")  # a config without a context: no bound to check
+
+
+def test_max_memory_takes_a_number_of_bytes():
+    from accelerate.utils import convert_file_size_to_int
+
+    from tokenfield.models.placement import Placement, parse_max_memory
+
+    memory = parse_max_memory("cpu=1, disk=2GiB")
+    assert memory == {"cpu": 1, "disk": "2GiB"}
+    assert convert_file_size_to_int(memory["cpu"]) == 1  # what accelerate will do with it
+    placement = Placement.parse("auto", "cpu=1000000")
+    again = placement.load_args()
+    assert Placement.parse(again["device_map"], again["max_memory"]) == placement
+    with pytest.raises(UserError, match="bad size '0'"):
+        parse_max_memory("cpu=0")
