@@ -680,7 +680,7 @@ class RunWriter:
         quickly and without warnings."""
         import zarr
 
-        with warnings.catch_warnings():
+        with _write_errors(self.store), warnings.catch_warnings():  # disk full: one line
             warnings.simplefilter("ignore")
             zarr.consolidate_metadata(str(self.store))
 

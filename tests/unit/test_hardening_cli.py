@@ -225,3 +225,46 @@ def test_max_memory_takes_a_number_of_bytes():
     assert Placement.parse(again["device_map"], again["max_memory"]) == placement
     with pytest.raises(UserError, match="bad size '0'"):
         parse_max_memory("cpu=0")
+
+
+# --- disk full in the final consolidation ----------------------------------------
+
+
+def _piece(start: int, n: int):
+    import numpy as np
+    import xarray as xr
+
+    from tokenfield.runs import strings
+
+    return xr.Dataset(
+        {"states": (("time", "particle", "feature"), np.ones((3, n, 2), dtype=np.float32))},
+        coords={
+            "particle": np.arange(start, start + n),
+            "prompt": ("particle", strings(f"p{i}" for i in range(start, start + n))),
+        },
+    )
+
+
+def test_disk_full_while_consolidating_is_one_line_and_the_run_finishes_later(
+    tmp_path, monkeypatch
+):
+    import zarr
+
+    from tokenfield.runs import RunWriter, open_run, read_run_info
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    run = tmp_path / "r"
+    writer = RunWriter(run, "trace", {"a": 1}, append_dim="particle")
+    writer.append(_piece(0, 2), done=1)
+    monkeypatch.setattr(zarr, "consolidate_metadata", full)
+    with pytest.raises(UserError, match="No space left on device.*run the same command again"):
+        writer.finish()
+    writer.close()
+    assert read_run_info(run).status == "partial"  # never marked complete without metadata
+    monkeypatch.undo()
+    again = RunWriter(run, "trace", {"a": 1}, append_dim="particle")
+    again.finish()
+    assert read_run_info(run).status == "complete"
+    assert open_run(run).sizes["particle"] == 2
