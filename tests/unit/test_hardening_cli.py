@@ -268,3 +268,41 @@ def test_disk_full_while_consolidating_is_one_line_and_the_run_finishes_later(
     again.finish()
     assert read_run_info(run).status == "complete"
     assert open_run(run).sizes["particle"] == 2
+
+
+# --- files that are not what they claim to be ------------------------------------
+
+
+def test_report_section_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    from tests.unit.synthetic_trajectories import split_groups, trace_dataset, write_run
+
+    run = write_run(tmp_path / "run", trace_dataset(*split_groups()))
+    section = tmp_path / "latin1.html"
+    section.write_bytes("<p>caf\u00e9</p>".encode("latin-1"))
+    out = tmp_path / "r.html"
+    code, _out, err = run_cli(["report", run, "--section", section, "--out", out], capsys)
+    assert code == 2
+    line = one_error_line(err)
+    assert "cannot read section file" in line and "not UTF-8 text" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"this is not a safetensors file at all",
+        b"",
+        (8).to_bytes(8, "little") + b'{"a": 1}',
+        b"\xff" * 64,
+    ],
+)
+def test_steer_with_a_file_that_is_not_safetensors_is_one_line(tmp_path, content, capsys):
+    vector = tmp_path / "vector.safetensors"
+    vector.write_bytes(content)
+    out = tmp_path / "r"
+    code, _out, err = run_cli(
+        ["trace", "--steer", vector, "--steer-positions", "last", "-o", out], capsys
+    )
+    assert code == 2
+    assert "is not a tokenfield steering vector" in one_error_line(err)
+    assert not out.exists()
