@@ -306,3 +306,53 @@ def test_steer_with_a_file_that_is_not_safetensors_is_one_line(tmp_path, content
     assert code == 2
     assert "is not a tokenfield steering vector" in one_error_line(err)
     assert not out.exists()
+
+
+def _zarr_v2_run(root: Path, codec) -> tuple[Path, list[str]]:
+    """A complete run whose store is Zarr v2 with 'prompt' as Python objects in ``codec``."""
+    import shutil
+
+    import numpy as np
+    import xarray as xr
+
+    from tests.unit.synthetic_trajectories import split_groups, trace_dataset, write_run
+
+    run = write_run(root / "run", trace_dataset(*split_groups()))
+    store = run / "trajectory.zarr"
+    ds = xr.open_zarr(store).load().drop_encoding()
+    shutil.rmtree(store)
+    ds.to_zarr(store, zarr_format=2, consolidated=False)
+    array = store / "prompt"
+    meta = json.loads((array / ".zarray").read_text())
+    meta.update(dtype="|O", filters=[codec.get_config()], compressor=None, fill_value=None)
+    (array / ".zarray").write_text(json.dumps(meta))
+    for chunk in array.glob("[0-9]*"):
+        chunk.unlink()
+    (array / "0").write_bytes(codec.encode(np.asarray(ds["prompt"].values, dtype=object)))
+    return run, [str(p) for p in ds["prompt"].values]
+
+
+@pytest.mark.parametrize("codec_name", ["Pickle", "MsgPack", "JSON"])
+def test_a_zarr_v2_store_with_an_object_codec_is_one_line(tmp_path, codec_name, capsys):
+    import numcodecs
+
+    codec = getattr(numcodecs, codec_name)()
+    run, _prompts = _zarr_v2_run(tmp_path, codec)
+    for command in (
+        ["analyze", run, "--no-figures"],
+        ["report", run, "--out", tmp_path / "r.html"],
+    ):
+        code, _out, err = run_cli(command, capsys)
+        assert code == 2
+        line = one_error_line(err)
+        assert f"codec '{codec.codec_id}', which tokenfield cannot read" in line
+    assert not (run / "metrics.json").exists() and not (tmp_path / "r.html").exists()
+
+
+def test_a_zarr_v2_store_with_utf8_strings_still_opens(tmp_path):
+    import numcodecs
+
+    from tokenfield.runs import open_run
+
+    run, prompts = _zarr_v2_run(tmp_path, numcodecs.VLenUTF8())
+    assert [str(p) for p in open_run(run)["prompt"].values] == prompts
