@@ -325,6 +325,35 @@ def check_object_codecs(path: str | Path) -> None:
             )
 
 
+def check_results_writable(run: str | Path, command: str) -> None:
+    """Refuse, before any work, a run directory that ``command`` cannot write its
+    results into (a read-only filesystem or mount, no permission): one file is
+    created and removed in the run and in its ``figures/``. ``os.access`` is not
+    enough: it says yes to root on a read-only mount's files in some setups, and
+    the whole analysis would run before the first write failed.
+
+    Raises:
+        UserError: naming the directory and the cause.
+    """
+    import tempfile
+
+    run = Path(run)
+    for directory in (run, run / FIGURES):
+        if not directory.is_dir():
+            continue  # figures/ is made later, in the run checked first
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".tokenfield-probe.", dir=directory)
+        except OSError as exc:
+            raise UserError(
+                f"'{command}' cannot write its results into '{directory}' "
+                f"({exc.strerror or type(exc).__name__})",
+                "make it writable (chmod u+w, or remount read-write), or copy the run "
+                "somewhere writable",
+            ) from None
+        os.close(fd)
+        os.unlink(probe)
+
+
 def check_writable_dir(path: Path) -> None:
     """Raise :class:`UserError` unless ``path`` can be created and written."""
     probe = path
