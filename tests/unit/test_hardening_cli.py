@@ -356,3 +356,35 @@ def test_a_zarr_v2_store_with_utf8_strings_still_opens(tmp_path):
 
     run, prompts = _zarr_v2_run(tmp_path, numcodecs.VLenUTF8())
     assert [str(p) for p in open_run(run)["prompt"].values] == prompts
+
+
+# --- a read-only run: refused before the work, not after ------------------------
+
+
+@pytest.mark.parametrize("command", ["analyze", "lens"])
+def test_a_read_only_run_is_refused_before_any_work(tmp_path, monkeypatch, command, capsys):
+    import tempfile
+
+    from tests.unit.synthetic_trajectories import split_groups, trace_dataset, write_run
+    from tokenfield.pipelines import analyze as analyze_pipeline
+    from tokenfield.pipelines import theory as theory_pipeline
+
+    run = write_run(tmp_path / "run", trace_dataset(*split_groups()))
+    before = tree(run)
+    real_mkstemp = tempfile.mkstemp
+
+    def read_only(*args, **kwargs):  # root writes through file modes: fail as EROFS does
+        if Path(kwargs.get("dir") or "").resolve() == run.resolve():
+            raise OSError(30, "Read-only file system")
+        return real_mkstemp(*args, **kwargs)
+
+    calls = []
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(analyze_pipeline, "analyze_run", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(theory_pipeline, "theory_lens", lambda *a, **k: calls.append(a))
+    code, _out, err = run_cli([command, run, "--no-figures"], capsys)
+    assert code == 2
+    line = one_error_line(err)
+    assert f"'{command}' cannot write its results into" in line and "Read-only file system" in line
+    assert calls == []  # refused before the analysis ran
+    assert tree(run) == before
