@@ -72,6 +72,12 @@ def test_lens_adds_to_a_run_and_overwrite_starts_afresh(traced, capsys):
     after = (run / "theory.json").stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten
     assert (run / "flow.json").is_file() and "kept" in err
+    code, out, err = run_cli(["lens", run, "--flow", "--no-figures", "--json"], capsys)
+    assert code == 0, err
+    printed = json.loads(out)  # the kept theory.json and the flow, on stdout
+    assert printed["theory"] == full and printed["flow"] == json.loads(
+        (run / "flow.json").read_text()
+    )
 
     # another option: added, and every earlier section and setting is kept
     code, _out, err = run_cli(["lens", run, "--no-figures", "--seed", "0"], capsys)
