@@ -195,6 +195,7 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     store = Path(path) / TRAJECTORY
     if not store.exists():
         raise UserError(f"run '{path}' has no {TRAJECTORY}", "re-create it with --overwrite")
+    check_object_codecs(path)  # a Zarr v2 pickle (or other object) codec: one line
     if info.complete and info.all_chunks:
         check_chunks(path)
     with warnings.catch_warnings():
@@ -289,6 +290,68 @@ def check_chunks(path: str | Path) -> None:
             f"{str(exc).splitlines()[0] if str(exc) else ''})",
             "re-create the run with the same command and --overwrite",
         ) from None
+
+
+#: Zarr v2 object codecs that zarr 3 reads (strings and bytes); any other (pickle,
+#: json2, msgpack2, ...) is refused before zarr meets it.
+READABLE_OBJECT_CODECS = ("vlen-utf8", "vlen-bytes")
+
+
+def check_object_codecs(path: str | Path) -> None:
+    """Refuse a Zarr v2 store with an array of Python objects in a codec zarr 3 cannot
+    read (another tool's store, or an old one), from the arrays' ``.zarray`` files
+    alone. Without it, zarr fails with a traceback (or a misleading "damaged").
+
+    Raises:
+        UserError: naming the array, the codec and what to do.
+    """
+    import json
+
+    store = Path(path) / TRAJECTORY
+    for meta in sorted(store.glob("*/.zarray")):
+        try:
+            array = json.loads(meta.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # a damaged file: check_chunks and zarr report it
+        if not isinstance(array, dict) or "O" not in str(array.get("dtype", "")):
+            continue
+        codecs = [c for c in (array.get("filters") or []) if isinstance(c, dict)]
+        codec = str(codecs[0].get("id")) if codecs else "none"
+        if codec not in READABLE_OBJECT_CODECS:
+            raise UserError(
+                f"run '{path}' stores '{meta.parent.name}' as Python objects with the Zarr v2 "
+                f"codec '{codec}', which tokenfield cannot read (it writes text as UTF-8)",
+                "re-create the run with the same command and --overwrite",
+            )
+
+
+def check_results_writable(run: str | Path, command: str) -> None:
+    """Refuse, before any work, a run directory that ``command`` cannot write its
+    results into (a read-only filesystem or mount, no permission): one file is
+    created and removed in the run and in its ``figures/``. ``os.access`` is not
+    enough: it says yes to root on a read-only mount's files in some setups, and
+    the whole analysis would run before the first write failed.
+
+    Raises:
+        UserError: naming the directory and the cause.
+    """
+    import tempfile
+
+    run = Path(run)
+    for directory in (run, run / FIGURES):
+        if not directory.is_dir():
+            continue  # figures/ is made later, in the run checked first
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".tokenfield-probe.", dir=directory)
+        except OSError as exc:
+            raise UserError(
+                f"'{command}' cannot write its results into '{directory}' "
+                f"({exc.strerror or type(exc).__name__})",
+                "make it writable (chmod u+w, or remount read-write), or copy the run "
+                "somewhere writable",
+            ) from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def check_writable_dir(path: Path) -> None:
@@ -680,7 +743,7 @@ class RunWriter:
         quickly and without warnings."""
         import zarr
 
-        with warnings.catch_warnings():
+        with _write_errors(self.store), warnings.catch_warnings():  # disk full: one line
             warnings.simplefilter("ignore")
             zarr.consolidate_metadata(str(self.store))
 

@@ -168,7 +168,17 @@ def _wrong_depth(runs):
 def test_lens_json_is_what_theory_json_holds(runs, capsys):
     import json
 
-    main(["lens", str(runs / "model"), "--no-figures", "--permutations", "2", "--json"])
+    main(
+        [
+            "lens",
+            str(runs / "model"),
+            "--no-figures",
+            "--permutations",
+            "2",
+            "--overwrite",
+            "--json",
+        ]
+    )
     out = capsys.readouterr()
     printed = json.loads(out.out)  # stdout holds only the JSON; "wrote" and notes on stderr
     assert printed["theory"] == json.loads((runs / "model" / "theory.json").read_text())

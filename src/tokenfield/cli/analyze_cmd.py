@@ -78,6 +78,9 @@ def analyze_command(
     if times not in ("seed", "all"):
         raise UserError(f"unknown --times '{times}'", "use --times seed or --times all")
     read_run_info(run)  # a missing or damaged run fails here, before any work
+    from tokenfield.runs import check_results_writable
+
+    check_results_writable(run, "analyze")  # read-only: one line now, not after the analysis
     if baseline is not None:
         from tokenfield.runs import check_baseline
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json, numbers, seed_option
+from tokenfield.cli._options import Json, echo_json, numbers, overwrite_option, seed_option
 
 
 @app.command(
@@ -18,7 +18,10 @@ from tokenfield.cli._options import Json, echo_json, numbers, seed_option
         "tokenfield trace -m smollm2 --positions all --attention --logit-lens -o runs/s\n\n"
         "tokenfield trace -m smollm2 --positions all --attention --random-weights -o runs/s-rw\n\n"
         "tokenfield lens runs/s --baseline runs/s-rw --simulate\n\n"
-        "Writes RUN/theory.json and RUN/figures/theory_*.png; 'tokenfield report' shows them."
+        "tokenfield lens runs/s --flow   (adds flow.json; theory.json is kept)\n\n"
+        "Writes RUN/theory.json and RUN/figures/theory_*.png; 'tokenfield report' shows them. "
+        "A later lens adds to theory.json: its sections and settings are kept unless "
+        "--overwrite."
     ),
 )
 def lens_command(
@@ -37,14 +40,25 @@ def lens_command(
         ),
     ] = False,
     eps: Annotated[
-        float, typer.Option(help="Cluster threshold: link tokens with cos >= 1 - eps.")
-    ] = 0.01,
+        float | None,
+        typer.Option(
+            help="Cluster threshold: link tokens with cos >= 1 - eps [default: 0.01, or "
+            "the one theory.json was measured with]."
+        ),
+    ] = None,
     more_eps: Annotated[
-        str, typer.Option("--more-eps", help="Comma-separated coarser thresholds, or ''.")
-    ] = "0.1,0.3",
+        str | None,
+        typer.Option(
+            "--more-eps",
+            help="Comma-separated coarser thresholds, or '' [default: 0.1,0.3, or theory.json's].",
+        ),
+    ] = None,
     permutations: Annotated[
-        int, typer.Option(help="Label shuffles in the probes' permutation null.")
-    ] = 20,
+        int | None,
+        typer.Option(
+            help="Label shuffles in the probes' permutation null [default: 20, or theory.json's]."
+        ),
+    ] = None,
     sim_beta: Annotated[
         float | None, typer.Option("--sim-beta", help="Simulation beta (default: fitted).")
     ] = None,
@@ -72,8 +86,18 @@ def lens_command(
     flow_eps: Annotated[
         float, typer.Option("--flow-eps", help="Cluster threshold of the flow table.")
     ] = 0.1,
-    seed: Annotated[int, seed_option(help="Seed of the probes' folds and shuffles.")] = 0,
+    seed: Annotated[
+        int | None,
+        seed_option(help="Seed of the probes' folds and shuffles [default: 0, or theory.json's]."),
+    ] = None,
     figures: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
+    overwrite: Annotated[
+        bool,
+        overwrite_option(
+            help="Measure theory.json afresh with only the options given (without it, lens "
+            "adds to theory.json: its sections and settings are kept)."
+        ),
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Token clouds, attention as Markov chains, effective beta, probes, logit lens.
@@ -83,28 +107,84 @@ def lens_command(
     skipped with a note: clouds and beta need --positions all, the attention
     section needs --attention, the lens needs --logit-lens.
     """
-    from tokenfield._progress import ProgressBar
     from tokenfield._progress import console as make_console
     from tokenfield.errors import UserError
-    from tokenfield.pipelines.theory import model_of_run, theory_lens, write_theory
-    from tokenfield.runs import read_run_info
+    from tokenfield.pipelines.theory import lens_settings, model_of_run
+    from tokenfield.runs import check_results_writable, read_run_info
 
-    read_run_info(run)  # a clear error before any work
+    info = read_run_info(run)  # a clear error before any work
     if baseline is not None:
         read_run_info(baseline)
-    extra = (
-        tuple(numbers(more_eps, "--more-eps", ranges=False, example="0.1,0.3"))
-        if more_eps.strip()
-        else ()
-    )
-    if permutations < 0:
+    extra = None
+    if more_eps is not None:
+        extra = (
+            tuple(numbers(more_eps, "--more-eps", ranges=False, example="0.1,0.3"))
+            if more_eps.strip()
+            else ()
+        )
+    if permutations is not None and permutations < 0:
         raise UserError(f"--permutations must be >= 0, got {permutations}")
+    if flow and info.kind == "trace" and info.config.get("positions") != "all":
+        raise UserError(  # before theory.json is written, not after
+            "the attention-only flow needs a run traced with --positions all",
+            "trace it again with --positions all, or drop --flow",
+        )
+    settings = lens_settings(
+        run, eps=eps, more_eps=extra, permutations=permutations, seed=seed,
+        baseline=baseline, simulate=simulate, sim_beta=sim_beta, sim_dt=sim_dt,
+        heads=heads, flow=flow, overwrite=overwrite,
+    )  # fmt: skip
+    if settings.baseline is not None and baseline is None:
+        read_run_info(settings.baseline)  # the recorded baseline must still be there
+    check_results_writable(run, "lens")  # a read-only run fails now, not after the work
     console = make_console(stderr=True)  # progress and notes; results go to stdout
+    results = None if as_json else make_console()
     model = baseline_model = None
-    if heads:
+    if settings.heads and settings.measure:
         with console.status("loading the models"):
             model = model_of_run(run)
-            baseline_model = None if baseline is None else model_of_run(baseline)
+            baseline_model = None if settings.baseline is None else model_of_run(settings.baseline)
+    data: dict = {}
+    if settings.measure:
+        path, result = _measure(run, settings, model, baseline_model, figures)
+        for note in result.notes:
+            console.print(f"[yellow]note:[/yellow] {note}")
+        if results is not None:
+            _summary(results, result)
+    else:
+        from tokenfield.analysis.theory import THEORY_JSON
+
+        path = run / THEORY_JSON
+        console.print(
+            f"[yellow]note:[/yellow] kept {path} as it was (pass --overwrite to measure it again)"
+        )
+    if settings.kept and settings.measure:
+        console.print(
+            f"[yellow]note:[/yellow] added to the earlier {path.name}: kept "
+            f"{', '.join(settings.kept)} (pass --overwrite to measure only what is given)"
+        )
+    if as_json:  # stdout holds the JSON: theory.json (and flow.json), the rest on stderr
+        import json
+
+        data["theory"] = json.loads(path.read_text())
+        if settings.measure:
+            console.print(f"[green]wrote[/green] {path}")
+        if flow:
+            flow_path = _flow(console, None, run, model, flow_eps, settings.seed)
+            data["flow"] = json.loads(flow_path.read_text())
+        echo_json(data)
+        return
+    if settings.measure:
+        results.print(f"[green]wrote[/green] {path}")
+    if flow:
+        _flow(console, results, run, model, flow_eps, settings.seed)
+
+
+def _measure(run: Path, settings, model, baseline_model, figures: bool):
+    """Measure and write theory.json with a progress bar; returns (path, result)."""
+    from tokenfield._progress import ProgressBar
+    from tokenfield.pipelines.theory import theory_lens, write_theory
+
     with ProgressBar(f"lens {run}", total=None, unit="steps") as bar:
         steps = {"total": 0, "started": False}
 
@@ -118,14 +198,14 @@ def lens_command(
 
         result = theory_lens(
             run,
-            baseline=baseline,
-            simulate=simulate,
-            eps=eps,
-            more_eps=extra,
-            permutations=permutations,
-            seed=seed,
-            sim_beta=sim_beta,
-            sim_dt=sim_dt,
+            baseline=settings.baseline,
+            simulate=settings.simulate,
+            eps=settings.eps,
+            more_eps=settings.more_eps,
+            permutations=settings.permutations,
+            seed=settings.seed,
+            sim_beta=settings.sim_beta,
+            sim_dt=settings.sim_dt,
             model=model,
             baseline_model=baseline_model,
             progress=step,
@@ -134,23 +214,7 @@ def lens_command(
             step("figures")
         path = write_theory(run, result, figures=figures)
         bar.advance()
-    for note in result.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
-    if as_json:  # stdout holds the JSON: theory.json (and flow.json), the rest on stderr
-        import json
-
-        data = {"theory": json.loads(path.read_text())}
-        console.print(f"[green]wrote[/green] {path}")
-        if flow:
-            flow_path = _flow(console, None, run, model, flow_eps, seed)
-            data["flow"] = json.loads(flow_path.read_text())
-        echo_json(data)
-        return
-    results = make_console()
-    _summary(results, result)
-    results.print(f"[green]wrote[/green] {path}")
-    if flow:
-        _flow(console, results, run, model, flow_eps, seed)
+    return path, result
 
 
 def _flow(console, results, run: Path, model, eps: float, seed: int) -> Path:

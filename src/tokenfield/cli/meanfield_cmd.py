@@ -369,6 +369,10 @@ def phase_diagram_command(
     )  # fmt: skip
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
+    if scheduler is not None:
+        from tokenfield._dask import reach_scheduler
+
+        reach_scheduler(scheduler)  # a bad or silent address: one line, before any work
     check_writable_dir(out)
     from tokenfield._lock import hold_for_command
 

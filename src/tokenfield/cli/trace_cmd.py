@@ -196,6 +196,11 @@ def trace_command(
         seed=seed,
         attn_implementation="eager" if attention else None,
     )  # a bad --device or --dtype fails here, before the run directory is touched
+    if generate:
+        from tokenfield.models.trace import check_generate_length
+
+        # against the model's config alone, before its weights are loaded
+        check_generate_length(generate, spec.context_length(), model)
     check_writable_dir(out)
     from tokenfield._lock import hold_for_command
     from tokenfield.models.parallel import check_workers

@@ -363,7 +363,18 @@ def _phase_diagram(
             report.tasks_run, report.executor = len(config.blocks()), executor
         return ds
     store = Path(store)
-    create_store(config, store, overwrite=overwrite)
+    client = None
+    if scheduler is not None:
+        # A bad address or one that does not answer fails before the store exists.
+        from tokenfield._dask import connect
+
+        client = connect(scheduler)
+    try:
+        create_store(config, store, overwrite=overwrite)
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     pending = _pending(config, store)
     if report is not None:
         report.tasks_run = len(pending)
@@ -371,7 +382,7 @@ def _phase_diagram(
         report.executor = "dask" if (executor == "dask" or scheduler) else "inprocess"
     tick(0, len(pending))
     if executor == "dask" or scheduler is not None:
-        _run_dask(config, store, pending, scheduler, n_workers, report, tick)
+        _run_dask(config, store, pending, client, n_workers, report, tick)
     else:
         for done, task in enumerate(pending, 1):
             write_block(config, store, *task)
@@ -383,31 +394,22 @@ def _run_dask(
     config: PhaseDiagramConfig,
     store: Path,
     tasks: list[tuple[int, int, int]],
-    scheduler: str | None,
+    client: Any,
     n_workers: int,
     report: SweepReport | None,
     tick: Callable[[int, int], Any] = lambda done, total: None,
 ) -> None:
-    from dask.distributed import Client, LocalCluster, as_completed
+    """Run ``tasks`` on ``client`` (a connected scheduler's) or, when it is ``None``,
+    on a new in-process cluster of ``n_workers`` threads (loopback, no dashboard)."""
+    from dask.distributed import Client, as_completed
+
+    from tokenfield._dask import local_cluster
 
     cluster = None
     try:
-        if scheduler is None:
-            cluster = LocalCluster(
-                processes=False,
-                n_workers=max(1, int(n_workers)),
-                threads_per_worker=1,
-                dashboard_address=None,
-            )
+        if client is None:
+            cluster = local_cluster(max(1, int(n_workers)), processes=False, threads_per_worker=1)
             client = Client(cluster)
-        else:
-            try:
-                client = Client(scheduler, timeout="10s")
-            except OSError as exc:
-                raise UserError(
-                    f"cannot reach the Dask scheduler at '{scheduler}' ({exc})",
-                    "check --scheduler, or leave it out for a local cluster",
-                ) from None
         with client:
             futures = [
                 client.submit(write_block, config, str(store.resolve()), *task, pure=False)

@@ -220,6 +220,25 @@ class ModelSpec:
             **placement,
         )
 
+    def context_length(self) -> int | None:
+        """The model's context (its largest number of positions), read from its
+        ``config.json`` alone: no weights and no ``transformers`` (``None`` when the
+        config does not say). What the CLI checks ``--generate`` against before
+        loading anything."""
+        import json
+
+        directory = resolve_source(self.name)[0]
+        try:
+            data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        for where in (data, data.get("text_config") or {}):
+            for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+                value = where.get(key) if isinstance(where, dict) else None
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+        return None
+
     @classmethod
     def from_run(
         cls,

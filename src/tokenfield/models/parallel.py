@@ -380,22 +380,19 @@ class ParallelReport:
 
 
 def _client(workers: int | None, scheduler: str | None):
-    """A Dask client: a new local cluster of ``workers`` processes, or ``scheduler``."""
-    from dask.distributed import Client, LocalCluster
+    """A Dask client: a new local cluster of ``workers`` processes (listening on
+    loopback only, its dashboard too), or ``scheduler`` (handshake bounded)."""
+    from dask.distributed import Client
+
+    from tokenfield._dask import connect, local_cluster
 
     if scheduler is not None:
-        try:
-            return Client(scheduler, timeout="10s"), None
-        except (OSError, ValueError) as exc:
-            raise UserError(
-                f"cannot reach the Dask scheduler at '{scheduler}' ({exc})",
-                "check --scheduler (e.g. tcp://host:8786), or use --workers N for a local cluster",
-            ) from None
-    cluster = LocalCluster(
-        n_workers=int(workers or 1),
-        threads_per_worker=1,
+        return connect(scheduler), None
+    cluster = local_cluster(
+        int(workers or 1),
         processes=True,
-        dashboard_address=":0",
+        dashboard=True,
+        threads_per_worker=1,
         silence_logs=50,  # logging.CRITICAL: the progress bar is the output
     )
     return Client(cluster), cluster
@@ -409,6 +406,10 @@ def check_workers(workers: int | None, scheduler: str | None) -> None:
             "--workers starts a local cluster and --scheduler uses another one",
             "pass one of them",
         )
+    if scheduler is not None:
+        from tokenfield._dask import check_scheduler
+
+        check_scheduler(scheduler)  # a malformed or TLS address: one line, before any work
 
 
 def trace_parallel(
@@ -483,16 +484,30 @@ def trace_parallel(
         truncate=options.get("truncate", False),
     )
     counts = [1 if options["positions"] == "last" else len(e.ids) for e in encoded]
-    writer = RunWriter(
-        out,
-        "trace",
-        config,
-        append_dim="particle",
-        overwrite=overwrite,
-        batch_size=options["batch_size"],
-        weights_sha256=client_model.weights_sha256,
-    )
+    client = None
+    if scheduler is not None and not local:
+        # An address that is wrong or does not answer fails here, before the run
+        # exists, so that it leaves nothing behind to block the retry.
+        from tokenfield._dask import connect
+
+        client = connect(scheduler)
+    try:
+        writer = RunWriter(
+            out,
+            "trace",
+            config,
+            append_dim="particle",
+            overwrite=overwrite,
+            batch_size=options["batch_size"],
+            weights_sha256=client_model.weights_sha256,
+        )
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     with contextlib.ExitStack() as stack:
+        if client is not None:
+            stack.callback(client.close)
         stack.callback(writer.close)
         if writer.complete:
             writer.close()
@@ -571,7 +586,7 @@ def trace_parallel(
                 pending,
                 args,
                 workers,
-                scheduler,
+                client,
                 threads,
                 report,
                 finished_shard,
@@ -596,14 +611,18 @@ def _run_on_cluster(
     pending: Iterable[Shard],
     args: tuple[dict[str, Any], str],
     workers: int | None,
-    scheduler: str | None,
+    client: Any,
     threads: int | None,
     report: ParallelReport | None,
     finished_shard: Callable[[int], None],
 ) -> None:
+    """Run the shards on ``client`` (a connected scheduler's) or, when it is
+    ``None``, on a new local cluster of ``workers`` processes."""
     from dask.distributed import as_completed
 
-    client, cluster = _client(workers, scheduler)
+    cluster = None
+    if client is None:
+        client, cluster = _client(workers, None)
     try:
         with client:
             futures = [

@@ -30,11 +30,15 @@ DEVICE_MAPS = ("auto", "balanced", "sequential")
 MEMORY_FIX = "write it as DEVICE=SIZE,... e.g. --max-memory cuda:0=20GiB,cpu=60GiB"
 
 
-def _size(device: str, text: str) -> str:
+def _size(device: str, text: str) -> str | int:
+    """A size as accelerate takes it: ``"20GiB"``, or a plain number of bytes as an
+    ``int`` (accelerate refuses the string ``"1"``, though a number of bytes is valid)."""
     from accelerate.utils import convert_file_size_to_int
 
+    text = text.strip()
+    size: str | int = int(text) if text.isdigit() else text
     try:
-        value = convert_file_size_to_int(text.strip())
+        value = convert_file_size_to_int(size)
     except (ValueError, TypeError):
         value = -1
     if value <= 0:
@@ -42,7 +46,7 @@ def _size(device: str, text: str) -> str:
             f"--max-memory has a bad size '{text}' for {device}",
             "give sizes like 500MB, 20GiB or a number of bytes",
         )
-    return text.strip()
+    return size
 
 
 def _device_key(text: str) -> int | str:
@@ -56,7 +60,7 @@ def _device_key(text: str) -> int | str:
     raise UserError(f"--max-memory names an unknown device '{text}'", MEMORY_FIX)
 
 
-def parse_max_memory(value: Mapping[Any, Any] | str | None) -> dict[int | str, str] | None:
+def parse_max_memory(value: Mapping[Any, Any] | str | None) -> dict[int | str, str | int] | None:
     """``"cuda:0=20GiB,cpu=60GiB"`` (or a mapping) -> ``{0: "20GiB", "cpu": "60GiB"}``.
 
     Raises:
@@ -77,7 +81,7 @@ def parse_max_memory(value: Mapping[Any, Any] | str | None) -> dict[int | str, s
             pairs.append((device, size))
     else:
         pairs = [(str(k), str(v)) for k, v in value.items()]
-    out: dict[int | str, str] = {}
+    out: dict[int | str, str | int] = {}
     for device, size in pairs:
         key = _device_key(device)
         if isinstance(key, int) and key >= torch.cuda.device_count():
@@ -106,7 +110,7 @@ class Placement:
     """Validated ``--device-map``, ``--max-memory`` and ``--offload-folder``."""
 
     device_map: str
-    max_memory: tuple[tuple[int | str, str], ...] | None = None
+    max_memory: tuple[tuple[int | str, str | int], ...] | None = None
     offload_folder: str | None = None
 
     @classmethod

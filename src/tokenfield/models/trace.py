@@ -345,6 +345,31 @@ def check_trace_options(
             )
 
 
+def check_generate_length(
+    generate: int, context: int | None, model_name: str, prompt_tokens: int = 0
+) -> None:
+    """Refuse ``generate`` tokens that would run past the model's ``context``
+    (after a prompt of ``prompt_tokens``): the model has no positions for them, and
+    a million of them would run for days.
+
+    Raises:
+        ParameterError: naming ``generate``.
+    """
+    if not generate or not context or prompt_tokens + generate <= context:
+        return
+    if prompt_tokens:
+        problem = (
+            f"{{name}} {generate} after a prompt of {prompt_tokens} tokens goes beyond "
+            f"the context of model '{model_name}' ({context} tokens)"
+        )
+    else:
+        problem = (
+            f"{{name}} {generate} is beyond the context of model '{model_name}' ({context} tokens)"
+        )
+    room = max(0, context - max(prompt_tokens, 1))
+    raise ParameterError("generate", problem, f"pass {{name}} {room} or less")
+
+
 def check_model_options(model: LoadedModel, *, logit_lens: bool, generate: int) -> None:
     """Refuse read-outs the model cannot give (one line each).
 
@@ -363,6 +388,7 @@ def check_model_options(model: LoadedModel, *, logit_lens: bool, generate: int) 
             f"model '{model.name}' is not a causal language model, so it cannot generate",
             "drop {name} for this model",
         )
+    check_generate_length(generate, model.max_positions, model.name, prompt_tokens=1)
 
 
 def build_config(
@@ -578,6 +604,9 @@ def trace(
     check_model_options(model, logit_lens=logit_lens, generate=generate)
     prompt_list = load_prompts(prompts)
     encoded = encode_prompts(model, prompt_list, chat=chat, truncate=truncate)
+    if generate:
+        longest = max(len(item.ids) for item in encoded)
+        check_generate_length(generate, model.max_positions, model.name, prompt_tokens=longest)
     config = build_config(model, prompt_list, **options, generate=generate)
     writer = None
     if out is not None:

@@ -6,8 +6,10 @@ modules it names), write ``theory.json``, ``theory.html`` and the figures.
 from __future__ import annotations
 
 import html
+import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,195 @@ from tokenfield.particles.integrate import simulate
 from tokenfield.runs import FIGURES, open_run, read_run_info, write_json_atomic
 from tokenfield.viz.theory import theory_html_section, write_theory_figures
 
-__all__ = ["model_of_run", "simulate_from_run", "theory_lens", "write_theory"]
+__all__ = [
+    "LensSettings",
+    "lens_settings",
+    "model_of_run",
+    "simulate_from_run",
+    "theory_lens",
+    "write_theory",
+]
+
+#: The defaults of the settings a lens run records (``info["settings"]`` of theory.json).
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "eps": DEFAULT_EPS,
+    "more_eps": [0.1, 0.3],
+    "permutations": 20,
+    "seed": 0,
+}
+#: Flags of the settings, for the messages.
+_FLAGS = {"eps": "--eps", "more_eps": "--more-eps", "permutations": "--permutations",
+          "seed": "--seed", "baseline": "--baseline", "sim_beta": "--sim-beta",
+          "sim_dt": "--sim-dt"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LensSettings:
+    """What one ``tokenfield lens`` measures: the request merged with the run's
+    earlier ``theory.json`` (see :func:`lens_settings`).
+
+    Attributes:
+        eps, more_eps, permutations, seed: the measurement's settings.
+        baseline: the random-weight run, or ``None``.
+        simulate, sim_beta, sim_dt: the simulation and its given beta and step.
+        heads: fit the effective beta with each layer's own heads.
+        measure: whether theory.json is measured (``False``: it is kept as it is,
+            e.g. ``lens RUN --flow`` adds only the flow).
+        kept: what an earlier theory.json contributed (for a note), e.g.
+            ``["--baseline runs/s-rw", "--permutations 50"]``.
+    """
+
+    eps: float
+    more_eps: tuple[float, ...]
+    permutations: int
+    seed: int
+    baseline: str | None = None
+    simulate: bool = False
+    sim_beta: float | None = None
+    sim_dt: float | None = None
+    heads: bool = False
+    measure: bool = True
+    kept: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "eps": self.eps,
+            "more_eps": list(self.more_eps),
+            "permutations": self.permutations,
+            "seed": self.seed,
+            "baseline": self.baseline,
+            "simulate": self.simulate,
+            "sim_beta": self.sim_beta,
+            "sim_dt": self.sim_dt,
+            "heads": self.heads,
+        }
+
+
+def _recorded_settings(theory: dict[str, Any]) -> dict[str, Any]:
+    """The settings of an earlier theory.json: ``info["settings"]``, or (a file from
+    before it was recorded) what its sections show."""
+    info = theory.get("info") or {}
+    if isinstance(info.get("settings"), dict):
+        return dict(info["settings"])
+    recorded: dict[str, Any] = {
+        "eps": info.get("eps", DEFAULT_EPS),
+        "permutations": info.get("permutations", 20),
+        "seed": 0,
+        "baseline": info.get("baseline"),
+        "heads": theory.get("effective_beta_heads") is not None,
+        "simulate": theory.get("simulated_clouds") is not None,
+    }
+    means = (theory.get("clouds") or {}).get("mean") or {}
+    extra = sorted(float(k.split("@")[1]) for k in means if k.startswith("cluster_count@"))
+    recorded["more_eps"] = extra if means else DEFAULT_SETTINGS["more_eps"]
+    simulated = theory.get("simulated_clouds") or {}
+    if simulated.get("source") == "given":
+        recorded["sim_beta"], recorded["sim_dt"] = simulated.get("beta"), simulated.get("dt")
+    return recorded
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(f"{v:g}" for v in value) or "''"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def lens_settings(
+    run: str | Path,
+    *,
+    eps: float | None = None,
+    more_eps: tuple[float, ...] | None = None,
+    permutations: int | None = None,
+    seed: int | None = None,
+    baseline: str | Path | None = None,
+    simulate: bool = False,
+    sim_beta: float | None = None,
+    sim_dt: float | None = None,
+    heads: bool = False,
+    flow: bool = False,
+    overwrite: bool = False,
+) -> LensSettings:
+    """What ``tokenfield lens`` measures: it adds to a run, it does not replace.
+
+    Without ``overwrite``, an earlier ``RUN/theory.json`` is kept whole: its
+    baseline, simulation and own-heads sections are measured again with their
+    recorded settings (the measurements are deterministic, so they come back the
+    same), and a setting not given is the recorded one. A given setting that
+    differs from the recorded one is refused (``overwrite`` measures afresh with
+    only what is given). With only ``flow`` asked for and a theory.json there, the
+    theory is not measured at all: the flow goes into its own files.
+
+    Arguments are the CLI's, ``None`` for "not given".
+
+    Raises:
+        UserError: a setting that contradicts the recorded one.
+    """
+    given = {"eps": eps, "more_eps": None if more_eps is None else list(more_eps),
+             "permutations": permutations, "seed": seed,
+             "baseline": None if baseline is None else str(baseline),
+             "sim_beta": sim_beta, "sim_dt": sim_dt}  # fmt: skip
+    recorded: dict[str, Any] = {}
+    path = Path(run) / THEORY_JSON
+    if path.is_file() and not overwrite:
+        try:
+            theory = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            theory = None  # unreadable: measured afresh (write_theory replaces it)
+        if isinstance(theory, dict):
+            recorded = _recorded_settings(theory)
+    kept: list[str] = []
+    merged: dict[str, Any] = {}
+    for name, value in given.items():
+        old = recorded.get(name)
+        if name in ("sim_beta", "sim_dt") and not (simulate or recorded.get("simulate")):
+            old = None
+        if value is not None and old is not None and not _same(value, old):
+            flag = _FLAGS[name]
+            raise UserError(
+                f"'{path}' was measured with {flag} {_shown(old)}, and this asks for "
+                f"{flag} {_shown(value)}",
+                f"pass {flag} {_shown(old)} (or leave it out) to add to it, or --overwrite "
+                f"to measure it again with {flag} {_shown(value)} and only the options given",
+            )
+        if value is None and old is not None:
+            merged[name] = old
+            if name == "baseline" or old != DEFAULT_SETTINGS.get(name, old):
+                kept.append(f"{_FLAGS[name]} {_shown(old)}")
+        else:
+            merged[name] = value if value is not None else DEFAULT_SETTINGS.get(name)
+    for name, asked in (("simulate", simulate), ("heads", heads)):
+        if not asked and recorded.get(name):
+            kept.append(f"--{name}")
+    adds = bool(
+        (simulate and not recorded.get("simulate"))
+        or (heads and not recorded.get("heads"))
+        or (baseline is not None and not recorded.get("baseline"))
+        or any(given[k] is not None for k in ("eps", "more_eps", "permutations", "seed"))
+    )
+    return LensSettings(
+        eps=float(merged["eps"]),
+        more_eps=tuple(float(v) for v in merged["more_eps"]),
+        permutations=int(merged["permutations"]),
+        seed=int(merged["seed"]),
+        baseline=merged["baseline"],
+        simulate=bool(simulate or recorded.get("simulate")),
+        sim_beta=merged["sim_beta"],
+        sim_dt=merged["sim_dt"],
+        heads=bool(heads or recorded.get("heads")),
+        measure=not (flow and recorded and not adds),
+        kept=tuple(kept),
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        a_list, b_list = list(a or []), list(b or [])
+        return len(a_list) == len(b_list) and all(
+            math.isclose(float(x), float(y)) for x, y in zip(a_list, b_list, strict=True)
+        )
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(float(a), float(b))
+    return str(a) == str(b)
 
 
 def _heads_fit(ds: xr.Dataset, model: Any, causal: bool) -> EffectiveBeta:
@@ -146,6 +336,18 @@ def theory_lens(
         "eps": eps,
         "permutations": permutations,
         "baseline": None if baseline is None else str(baseline),
+        # everything that decides the sections: a later lens adds to them with these
+        "settings": {
+            "eps": eps,
+            "more_eps": list(more_eps),
+            "permutations": permutations,
+            "seed": seed,
+            "baseline": None if baseline is None else str(baseline),
+            "simulate": bool(simulate),
+            "sim_beta": sim_beta,
+            "sim_dt": sim_dt,
+            "heads": model is not None,
+        },
     }
     parts: dict[str, Any] = {}
     base = None

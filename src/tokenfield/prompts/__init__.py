@@ -11,9 +11,11 @@ Accepted sources for :func:`load_prompts`:
   5 categories) or ``replication-spectrum`` (221 prompts, 31 or 32 in each of the
   same 7 groups): fresh prompts that share none with the seed sets, for testing
   the seed's claims on prompts nobody chose a layer on (labels ``R1``, ``R2``...);
-- ``.txt``: one prompt a line (blank lines and lines starting with ``#`` skipped);
+- ``.txt``: one prompt a line (blank lines and lines starting with ``#`` skipped; lines
+  end at ``\n`` or ``\r\n`` only, so a U+2028 or a form feed stays inside its prompt);
 - ``.jsonl``: one object a line with ``text`` and optional ``category``, ``label``;
-- ``.csv``: a header row with a ``text`` column and optional ``category``, ``label``;
+- ``.csv``: a header row with a ``text`` column and optional ``category``, ``label``
+  (a quoted field may hold newlines; a row with more fields than the header is an error);
 - ``.yaml`` / ``.yml``: a list of strings or of mappings with ``text`` (and
   optional ``category``, ``label``), or a mapping ``{category: [text, ...]}``.
 
@@ -24,7 +26,9 @@ known ones: silently ignoring it would leave the categories empty.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -100,7 +104,9 @@ def load_prompts(source: str | Path | Sequence[Prompt | str]) -> list[Prompt]:
             f"'{name}' is a directory", "pass a prompt file (.txt, .jsonl, .csv, .yaml)"
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        # newline="": lines end where _lines says, and a CSV's quoted "\r\n" stays
+        with path.open(encoding="utf-8", newline="") as handle:
+            text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise UserError(
@@ -109,7 +115,7 @@ def load_prompts(source: str | Path | Sequence[Prompt | str]) -> list[Prompt]:
         ) from None
     suffix = path.suffix.lower()
     if suffix in (".txt", ""):
-        prompts = [Prompt(line.strip()) for line in text.splitlines() if _is_prompt_line(line)]
+        prompts = [Prompt(line.strip()) for line in _lines(text) if _is_prompt_line(line)]
     elif suffix == ".jsonl":
         prompts = _parse_jsonl(text, name)
     elif suffix == ".csv":
@@ -122,6 +128,15 @@ def load_prompts(source: str | Path | Sequence[Prompt | str]) -> list[Prompt]:
             "use .txt (one prompt a line), .jsonl, .csv or .yaml",
         )
     return _validated(prompts, name)
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of a prompt file: split at ``\n`` and ``\r\n`` only.
+
+    ``str.splitlines`` also splits at U+2028, U+2029, U+0085, form feeds and other
+    separators, which can sit inside a prompt's text."""
+    lines = re.split(r"\r?\n", text)
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def _is_prompt_line(line: str) -> bool:
@@ -142,12 +157,18 @@ def _from_mapping(item: dict[str, Any], source: str, number: int) -> Prompt:
             f"prompt #{number} in '{source}' has an unknown field '{unknown[0]}'",
             f"the known fields are {', '.join(FIELDS)} (check the spelling)",
         )
-    return Prompt(text, str(item.get("category") or ""), str(item.get("label") or ""))
+    return Prompt(text, _field(item.get("category")), _field(item.get("label")))
+
+
+def _field(value: Any) -> str:
+    """A category or label as text: absent or null is "", anything else its ``str``
+    (a category ``0`` is "0", not "")."""
+    return "" if value is None else str(value)
 
 
 def _parse_jsonl(text: str, source: str) -> list[Prompt]:
     prompts = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    for line_no, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -167,7 +188,8 @@ def _parse_jsonl(text: str, source: str) -> list[Prompt]:
 
 
 def _parse_csv(text: str, source: str) -> list[Prompt]:
-    reader = csv.DictReader(text.splitlines())
+    # newline="" as the csv module asks, so that a quoted field keeps its newlines
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     if reader.fieldnames is None or "text" not in reader.fieldnames:
         raise UserError(
             f"CSV prompt file '{source}' has no 'text' column",
@@ -179,7 +201,16 @@ def _parse_csv(text: str, source: str) -> list[Prompt]:
             f"CSV prompt file '{source}' has an unknown column '{unknown[0]}'",
             f"the known columns are {', '.join(FIELDS)} (check the spelling)",
         )
-    return [_from_mapping(row, source, i) for i, row in enumerate(reader, start=1)]
+    prompts = []
+    for number, row in enumerate(reader, start=1):
+        if row.get(None):  # DictReader files the fields beyond the header under None
+            raise UserError(
+                f"row {number} of CSV prompt file '{source}' has more fields than the header "
+                f"({len(reader.fieldnames) + len(row[None])} for {len(reader.fieldnames)})",
+                "quote a field that contains a comma, or add the column to the header",
+            )
+        prompts.append(_from_mapping(row, source, number))
+    return prompts
 
 
 def _parse_yaml(text: str, source: str) -> list[Prompt]:
@@ -224,10 +255,26 @@ def _yaml_text(item: Any, source: str, number: int) -> str:
     )
 
 
+def _check_encodable(value: str, source: str, number: int) -> None:
+    """A lone surrogate (``"\\ud800"`` in JSON) is no character: no tokenizer or
+    UTF-8 file can hold it, so it is refused here rather than deep in a trace."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(value[exc.start])
+        raise UserError(
+            f"prompt #{number} in '{source}' contains a lone surrogate (U+{code:04X}), "
+            "which is no character",
+            "write the character in full (a surrogate pair in JSON) or remove it",
+        ) from None
+
+
 def _validated(prompts: list[Prompt], source: str) -> list[Prompt]:
     if not prompts:
         raise UserError(f"no prompts in '{source}'", "put at least one prompt in it")
     for number, prompt in enumerate(prompts, start=1):
         if not prompt.text.strip():
             raise UserError(f"prompt #{number} in '{source}' is empty", "remove it or give it text")
+        for value in (prompt.text, prompt.category, prompt.label):
+            _check_encodable(value, source, number)
     return prompts

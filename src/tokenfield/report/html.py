@@ -163,7 +163,17 @@ def write_report(
         section = Path(section)
         if not section.is_file():
             raise UserError(f"section file '{section}' does not exist", "check the path")
-        fragment = section.read_text(encoding="utf-8")
+        try:
+            fragment = section.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            if isinstance(exc, UnicodeDecodeError):
+                reason = f"not UTF-8 text: byte {exc.start} {exc.reason}"
+            else:
+                reason = exc.strerror or type(exc).__name__
+            raise UserError(
+                f"cannot read section file '{section}' ({reason})",
+                "pass an HTML fragment in UTF-8, such as RUN/theory.html from 'tokenfield lens'",
+            ) from None
         if section.name == "theory.html" and section.parent.resolve() not in reported:
             # RUN/theory.html alone: its figures come with it (with RUN, in RUN's section).
             fragment = _with_theory_figures(fragment, section.parent / FIGURES)

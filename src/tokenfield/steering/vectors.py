@@ -72,7 +72,7 @@ class SteeringVector:
 
     @classmethod
     def load(cls, path: str | Path) -> SteeringVector:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         path = Path(path)
         if not path.is_file():
@@ -82,9 +82,11 @@ class SteeringVector:
                 meta = handle.metadata() or {}
                 vector = handle.get_tensor("vector")
             return cls(vector, int(meta["layer"]), json.loads(meta.get("provenance", "{}")))
-        except (KeyError, ValueError, OSError) as exc:
+        except (KeyError, ValueError, TypeError, OSError, SafetensorError) as exc:
+            # SafetensorError (not a ValueError): a file that is not safetensors at all
+            reason = " ".join(str(exc).split()) or type(exc).__name__
             raise UserError(
-                f"'{path}' is not a tokenfield steering vector ({exc})",
+                f"'{path}' is not a tokenfield steering vector ({reason})",
                 "write one with 'tokenfield steer'",
             ) from None
 
