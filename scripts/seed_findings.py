@@ -601,11 +601,23 @@ def confirmatory_status(r: dict) -> str:
 
 
 def judged(r: dict, rr: dict, text: str, neutral: float = 0.0, digits: int = 2) -> str:
-    """The replication verdict, naming the random copy's value when it passes the same
-    test (structure the architecture makes without training)."""
+    """The replication verdict. Where the random copy passes the same test (structure the
+    architecture makes without training), the trained model's effect is called beyond its
+    random copy only when the two intervals do not overlap (a conservative test of the
+    difference); otherwise the verdict says the effect is not shown to be learned."""
     status = confirmatory_status({**r, "neutral": neutral})
     if status == "holds" and rr["p"] < ALPHA:
-        text += f"; the random copy passes as well ({rr['value']:.{digits}f})"
+        if r["ci"][0] > rr["ci"][1]:
+            text += (
+                f"; its random copy passes too ({rr['value']:.{digits}f}) but lies below "
+                "the trained model's interval"
+            )
+        else:
+            status = "holds, but not shown to be learned"
+            text += (
+                f"; its random copy passes as well ({ci(rr, digits)}), and the two "
+                "intervals overlap"
+            )
     return verdict(status, text)
 
 

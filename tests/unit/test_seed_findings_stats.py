@@ -120,3 +120,15 @@ def test_a_confirmatory_verdict_needs_p_below_alpha_and_names_the_opposite(scrip
     assert script.confirmatory_status({"p": 0.01, "ci": [0.1, 0.3]}) == "holds"
     assert script.confirmatory_status({"p": 0.3, "ci": [-0.1, 0.3]}) == "not supported"
     assert script.confirmatory_status({"p": 0.99, "ci": [-0.3, -0.1]}) == "does not hold"
+
+
+def test_an_effect_the_random_copy_also_shows_is_not_called_learned(script):
+    trained = {"value": 0.73, "ci": [0.63, 0.83], "p": 0.002}
+    overlapping = {"value": 0.69, "ci": [0.58, 0.80], "p": 0.008}
+    below = {"value": 0.10, "ci": [0.02, 0.20], "p": 0.01}
+    silent = {"value": 0.5, "ci": [0.4, 0.6], "p": 0.5}
+    assert script.judged(trained, overlapping, "AUC", neutral=0.5).startswith(
+        "**holds, but not shown to be learned**"
+    )
+    assert script.judged(trained, below, "AUC", neutral=0.5).startswith("**holds**: AUC; its")
+    assert script.judged(trained, silent, "AUC", neutral=0.5) == "**holds**: AUC"
