@@ -165,11 +165,11 @@ def test_identical_layers_get_the_same_shuffles_so_the_corrected_p_is_the_pointw
     """The same permutations (and folds) at every layer: on copies of one layer every
     shuffle's accuracy is the same at each layer, and the max over layers is that
     accuracy. A fresh permutation per layer would make ``p_corrected`` larger."""
-    x, labels = clustered(5, 5, 12, separation=0.35, seed=4)
-    curve = probe_accuracy(np.stack([x] * 5), labels, permutations=39, seed=1)
-    np.testing.assert_array_equal(curve.null, np.repeat(curve.null[:, :1], 5, axis=1))
+    x, labels = clustered(5, 5, 12, separation=0.0, seed=6)  # noise: p near the middle
+    curve = probe_accuracy(np.stack([x] * 4), labels, permutations=39, seed=1)
+    np.testing.assert_array_equal(curve.null, np.repeat(curve.null[:, :1], 4, axis=1))
     np.testing.assert_array_equal(curve.p_corrected, curve.p_value)
-    assert 1 / 40 < curve.p_value[0] < 1  # some shuffles reach it: a fresh draw per layer shows
+    assert 0.3 < curve.p_value[0] < 0.8  # a fresh draw per layer would raise p_corrected
 
 
 def _noise_claims(datasets: int, layers: int, permutations: int, d: int = 4):
@@ -204,3 +204,13 @@ def test_the_probes_corrected_false_positive_rate_on_noise_is_at_most_8_percent(
     assert abs(null - accuracy) < 0.02 and abs(null - 0.2) < 0.02
     # the best of 8 layers without the correction: far more often
     assert pointwise > 2 * max(corrected, 0.02)
+
+
+@pytest.mark.slow
+def test_the_probes_corrected_false_positive_rate_with_99_shuffles():
+    """The same with 99 shuffles (a finer p, holds when at most 3 shuffles reach the
+    observed best): at most 8 %. The old folds (stratified on the real labels only)
+    fired in 4 of these 40 datasets (10 %); slow (about a minute on one core)."""
+    corrected, pointwise, accuracy, null = _noise_claims(datasets=40, layers=8, permutations=99)
+    assert corrected <= 0.08
+    assert abs(null - accuracy) < 0.02
