@@ -106,3 +106,108 @@ def test_the_summary_and_the_report_state_the_claim_on_the_corrected_p():
         assert f"categories separate: {claim}" in text
         assert f"Categories separate: {claim}" in _separation_table(metrics)
     assert effect_metrics["separation"]["best"]["time"] == 6
+
+
+def test_p_corrected_is_never_below_p_when_the_null_has_nans():
+    # a shuffle undefined at g but large elsewhere used to count in the corrected
+    # denominator only: p = 2/2 but p_corrected = 2/4
+    result = max_null_pvalues([1.0, 1.0], [[2.0, np.nan], [np.nan, 0.5], [np.nan, 0.2]])
+    assert result.p[0] == pytest.approx(1.0)
+    assert result.p_corrected[0] == pytest.approx(1.0)
+    # no finite null value at a grid point: no p-value there
+    result = max_null_pvalues([1.0, 1.0], [[np.nan, 0.5], [np.nan, 2.0]])
+    assert np.isnan(result.p[0]) and np.isnan(result.p_corrected[0])
+    assert claim_status(result.p_corrected[0]) == "not supported"
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        null = rng.normal(size=(int(rng.integers(1, 12)), int(rng.integers(1, 6))))
+        null[rng.random(null.shape) < 0.3] = np.nan
+        observed = rng.normal(size=null.shape[1]) + 0.5
+        result = max_null_pvalues(observed, null)
+        both = np.isfinite(result.p) & np.isfinite(result.p_corrected)
+        assert np.array_equal(both, np.isfinite(result.p))
+        assert np.all(result.p_corrected[both] >= result.p[both])
+
+
+def _prompt_tokens(rng, n_time=8, n_per=5, n_categories=4, tokens=6, n_feature=12):
+    """Prompts of several tokens, each prompt's tokens near its own random offset
+    (the same at every layer), and no category signal at all."""
+    n_prompts = n_per * n_categories
+    offset = 2.0 * rng.normal(size=(n_prompts, n_feature))
+    prompt = np.repeat(np.arange(n_prompts), tokens)
+    states = offset[prompt][None] + rng.normal(size=(n_time, prompt.size, n_feature))
+    labels = [f"c{k}" for k in range(n_categories) for _ in range(n_per)]
+    ds = trace_dataset(states, [labels[p] for p in prompt])
+    return ds.assign_coords(prompt_index=("particle", prompt))
+
+
+def test_tokens_of_one_prompt_are_shuffled_together_and_the_false_positive_rate_holds():
+    """``--particles all``: tokens share their prompt's label and offset. Shuffling
+    the prompt -> category map keeps the corrected "holds" rate at most 8 %;
+    shuffling single tokens (``groups=None``, the old null) claims it nearly always."""
+    rng = np.random.default_rng(7)
+    corrected, tokenwise = [], []
+    for i in range(40):
+        ds = _prompt_tokens(rng)
+        sep = separation(ds, n_permutations=99, seed=i)
+        assert sep.attrs["shuffle_unit"] == "prompt" and sep.attrs["shuffled_units"] == 20
+        best = int(np.nanargmax(sep["silhouette"].values))
+        corrected.append(sep["silhouette_p_corrected"].values[best] < 0.05)
+        old = separation(ds, n_permutations=99, seed=i, groups=None)
+        assert old.attrs["shuffle_unit"] == "particle"
+        tokenwise.append(old["silhouette_p_corrected"].values[best] < 0.05)
+    assert np.mean(corrected) <= 0.08
+    assert np.mean(tokenwise) >= 0.5
+
+
+def test_a_prompt_level_shuffle_moves_whole_prompts():
+    from tokenfield.analysis.separation import shuffle_units, shuffled_labellings
+
+    ds = _prompt_tokens(np.random.default_rng(0), n_time=1, tokens=3)
+    names = np.asarray(ds["category"].values).astype(str)
+    unit, name = shuffle_units(ds, names)
+    assert name == "prompt" and unit.max() == 19
+    codes = np.unique(names, return_inverse=True)[1]
+    shuffled = shuffled_labellings(codes, unit, 50, seed=0)
+    for row in shuffled:  # each prompt's tokens keep one label; class sizes kept
+        assert all(np.unique(row[unit == u]).size == 1 for u in range(20))
+        np.testing.assert_array_equal(np.bincount(row), np.bincount(codes))
+    assert len({tuple(r) for r in shuffled}) > 40
+    # one particle per prompt: the same draws as shuffling the particles
+    last = np.arange(20)
+    rng = np.random.default_rng(3)
+    expected = [rng.permutation(codes[::3])[last] for _ in range(5)]
+    np.testing.assert_array_equal(shuffled_labellings(codes[::3], last, 5, seed=3), expected)
+
+
+def test_tokens_of_one_prompt_with_different_labels_are_refused_when_grouped_explicitly():
+    from tokenfield.analysis.separation import shuffle_units
+    from tokenfield.errors import UserError
+
+    ds = _prompt_tokens(np.random.default_rng(0), n_time=1, tokens=2)
+    mixed = np.asarray(ds["category"].values).astype(str).copy()
+    mixed[0] = "c3"  # prompt 0's first token relabelled
+    with pytest.raises(UserError, match="different labels"):
+        shuffle_units(ds, mixed, "prompt_index")
+    # the default falls back to single particles (no prompt shares one label)
+    assert shuffle_units(ds, mixed)[1] == "particle"
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_identical_layers_give_a_corrected_p_equal_to_the_pointwise_p(tokens):
+    """The same shuffle at every layer: on identical copies of one layer every shuffle's
+    maximum over layers is its score at that layer, so ``p_corrected == p``. A fresh
+    shuffle per layer would give a larger maximum and a larger ``p_corrected``."""
+    rng = np.random.default_rng(3)
+    one = _prompt_tokens(rng, n_time=1, tokens=tokens)
+    codes = np.unique(one["category"].values, return_inverse=True)[1]
+    shift = 0.25 * rng.normal(size=(4, 12))[codes]  # a weak category signal: p inside (0, 1)
+    states = np.repeat(one["states"].values + shift, 6, axis=0)
+    ds = trace_dataset(states, list(one["category"].values)).assign_coords(
+        prompt_index=("particle", one["prompt_index"].values)
+    )
+    sep = separation(ds, n_permutations=199, seed=0)
+    for score in ("silhouette", "ratio"):
+        p, corrected = sep[f"{score}_p"].values, sep[f"{score}_p_corrected"].values
+        np.testing.assert_array_equal(corrected, p)
+        assert 1 / 200 < p[0] < 0.9  # some shuffles reach the score: a plant would show

@@ -15,11 +15,15 @@ computed from the same ``B`` shuffles as the pointwise
 
     p(g) = (1 + #{b : null[b, g] >= observed[g]}) / (1 + B).
 
-``p_corrected(g) >= p(g)`` always, and the corrected p-value at the grid's
-maximum controls the family-wise error rate: under the null, ``P(p_corrected
-<= alpha) <= alpha`` for the best grid point, whichever it is. NaN null values
-(a score undefined for one shuffle) are ignored in the pointwise count and treated as
-``-inf`` in the maximum.
+``p_corrected(g) >= p(g)`` always (tested, NaNs included), and the corrected
+p-value at the grid's maximum controls the family-wise error rate: under the
+null, ``P(p_corrected <= alpha) <= alpha`` for the best grid point, whichever
+it is. NaN null values (a score undefined for one shuffle) are left out of both
+counts at that grid point: ``p(g)`` and ``p_corrected(g)`` are counted over the
+same shuffles, those whose score at ``g`` is finite (their grid maximum taking
+NaNs elsewhere as ``-inf``), so that every shuffle counted in ``p(g)`` is
+counted in ``p_corrected(g)`` with a maximum at least as large. Where no
+shuffle has a finite score at ``g`` both are NaN.
 
 Every "best layer" statistic in tokenfield (the silhouette and the distance
 ratio of :func:`tokenfield.analysis.separation.separation`, the probes of
@@ -68,8 +72,9 @@ def max_null_pvalues(observed: Any, null: Any) -> MaxNull:
             shuffle in a row at every grid point).
 
     Returns:
-        :class:`MaxNull`; p-values are NaN where ``observed`` is NaN, and NaN
-        everywhere when ``B == 0``.
+        :class:`MaxNull`; p-values are NaN where ``observed`` is NaN or no
+        shuffle's score is finite, and NaN everywhere when ``B == 0``.
+        ``p_corrected >= p`` wherever both are defined.
     """
     obs = np.asarray(observed, dtype=np.float64).reshape(-1)
     null = np.asarray(null, dtype=np.float64)
@@ -88,10 +93,10 @@ def max_null_pvalues(observed: Any, null: Any) -> MaxNull:
     if b == 0:
         return MaxNull(p, p_corrected, null_max, 0)
     for g in np.flatnonzero(np.isfinite(obs)):
-        column = null[finite[:, g], g]
-        if column.size:
-            p[g] = (1 + np.sum(column >= obs[g])) / (1 + column.size)
-        p_corrected[g] = (1 + np.sum(null_max >= obs[g])) / (1 + b)
+        rows = finite[:, g]  # the shuffles whose score at g is defined: both counts
+        if rows.any():
+            p[g] = (1 + np.sum(null[rows, g] >= obs[g])) / (1 + rows.sum())
+            p_corrected[g] = (1 + np.sum(null_max[rows] >= obs[g])) / (1 + rows.sum())
     return MaxNull(p, p_corrected, null_max, b)
 
 

@@ -13,11 +13,21 @@ with the category labels shuffled (``n_permutations`` seeded permutations, the
 same ones at every time step), and with a p-value corrected for picking the
 best time step (the maximum over time steps of each shuffle:
 :mod:`tokenfield.analysis.nulls`).
+
+What is shuffled is the exchangeable unit: the prompt. When several particles
+share a prompt (``--particles all``: every token of every prompt), the
+prompt -> category map is permuted and each token takes its prompt's new
+category; single tokens are never shuffled. Tokens of one prompt are
+correlated (they share the prompt's context), so a token-level shuffle breaks
+that correlation in the null but not in the real labels: on synthetic prompts
+with a per-prompt offset and no category signal, "categories separate" then
+held in every dataset (``tests/unit/test_nulls.py`` measures the rate).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -59,6 +69,73 @@ def can_separate(labels: np.ndarray) -> bool:
     """Whether a silhouette is defined: 2 <= categories <= particles - 1."""
     n_categories = len(set(labels.tolist()))
     return 2 <= n_categories <= len(labels) - 1
+
+
+def shuffle_units(
+    ds: xr.Dataset, names: np.ndarray, groups: str | Sequence[Any] | None = "auto"
+) -> tuple[np.ndarray, str]:
+    """The exchangeable unit of each particle, and its name.
+
+    ``groups`` names a particle coordinate or gives one group per particle;
+    particles of a group share a label and are shuffled together (a group whose
+    particles differ in label is refused). ``"auto"`` (the default) groups by
+    ``prompt_index`` when the run has it and each prompt's particles share one
+    label, and shuffles single particles otherwise; ``None`` shuffles single
+    particles. Returns ``(unit, name)``:
+    ``unit`` the ``(particle,)`` integer unit of each particle (``0..U-1``, in
+    order of first appearance) and ``name`` ``"prompt"`` or ``"particle"``.
+    """
+    n = len(names)
+    single = (np.arange(n), "particle")
+    if groups is None:
+        return single
+    explicit = not (isinstance(groups, str) and groups == "auto")
+    if not explicit:
+        groups = "prompt_index"
+    if isinstance(groups, str):
+        if groups not in ds.coords:
+            if explicit:
+                raise UserError(
+                    f"the trajectory has no '{groups}' coordinate",
+                    "name a particle coordinate, e.g. prompt_index",
+                )
+            return single
+        values = np.asarray(ds[groups].values)
+    else:
+        values = np.asarray(groups)
+    if values.shape != (n,):
+        raise UserError(f"{values.size} groups for {n} particles", "give one group per particle")
+    _, first, unit = np.unique(values, return_index=True, return_inverse=True)
+    unit = unit.reshape(-1)
+    order = np.argsort(np.argsort(first))  # units numbered by first appearance
+    unit = order[unit]
+    first_label = names[np.sort(first)]
+    if not np.array_equal(first_label[unit], names):
+        if explicit:
+            raise UserError(
+                "the particles of one group have different labels",
+                "group particles whose label is the same (e.g. the tokens of one prompt)",
+            )
+        return single
+    return unit, ("group" if explicit else "prompt")
+
+
+def shuffled_labellings(
+    codes: np.ndarray, unit: np.ndarray, n_permutations: int, seed: int
+) -> np.ndarray:
+    """``(n_permutations, particle)`` label codes, the units' labels permuted.
+
+    Each shuffle permutes the unit -> label map and gives every particle its
+    unit's new label. With one particle per unit, in order, this is the same
+    draw as permuting the particles' labels.
+    """
+    rng = np.random.default_rng(seed)
+    n_units = int(unit.max()) + 1 if unit.size else 0
+    unit_codes = np.zeros(n_units, dtype=np.asarray(codes).dtype)
+    unit_codes[unit] = codes
+    if n_permutations <= 0:
+        return np.zeros((0, len(codes)), dtype=int)
+    return np.stack([rng.permutation(unit_codes)[unit] for _ in range(n_permutations)])
 
 
 def cosine_distance_matrix(x: np.ndarray) -> np.ndarray:
@@ -125,6 +202,7 @@ def separation(
     n_permutations: int = 200,
     seed: int = 0,
     null_quantiles: tuple[float, float] = (0.025, 0.975),
+    groups: str | Sequence[Any] | None = "auto",
 ) -> xr.Dataset:
     """How well the categories separate at every time step, with a permutation null.
 
@@ -148,10 +226,16 @@ def separation(
         n_permutations: shuffled labelings for the null.
         seed: seeds the permutations.
         null_quantiles: the band reported for the null.
+        groups: the exchangeable unit (:func:`shuffle_units`): a particle
+            coordinate or one group per particle; the shuffles permute the
+            groups' labels, the same shuffle at every time step. ``"auto"``:
+            the prompt (``prompt_index``), when the run has one and its tokens
+            share a label; ``None`` shuffles single particles.
 
     Returns:
         A Dataset over ``time`` with the variables above; attrs record the
-        categories, ``n_permutations`` and ``seed``.
+        categories, ``n_permutations``, ``seed``, ``shuffle_unit``
+        (``"prompt"``, ``"group"`` or ``"particle"``) and ``shuffled_units``.
     """
     from sklearn.metrics import silhouette_score
 
@@ -163,12 +247,8 @@ def separation(
         )
     categories, codes = np.unique(names.astype(str), return_inverse=True)
     n_codes = len(categories)
-    rng = np.random.default_rng(seed)
-    shuffled = (
-        np.stack([rng.permutation(codes) for _ in range(n_permutations)])
-        if (n_permutations > 0)
-        else np.zeros((0, len(codes)), dtype=int)
-    )
+    unit_of, unit_name = shuffle_units(ds, names.astype(str), groups)
+    shuffled = shuffled_labellings(codes, unit_of, n_permutations, seed)
     unit = _unit_states(ds)
     n_time = unit.shape[0]
     result: dict[str, np.ndarray] = {}
@@ -216,6 +296,8 @@ def separation(
         "seed": int(seed),
         "null_quantiles": list(null_quantiles),
         "metric": "cosine",
+        "shuffle_unit": unit_name,
+        "shuffled_units": int(unit_of.max()) + 1,
     }
     return out
 
