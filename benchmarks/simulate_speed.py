@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--large-dim", type=int, default=16)
     parser.add_argument("--large-dtype", default=None, choices=["float32", "float64"])
     parser.add_argument("--no-large", action="store_true", help="skip the large one-step run")
+    parser.add_argument(
+        "--no-compare", action="store_true", help="skip the comparison with dense numpy"
+    )
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -193,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": args.device,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "load_average_before": os.getloadavg()[0],
     }
     if args.device.startswith("cuda"):
         ns = [int(v) for v in (args.n or "100000,1000000").split(",")]
@@ -203,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
             compare(n, args.dim, args.dtype, args.steps, args.beta, dyn)
             for dyn in dynamics
             for n in ns
+            if not args.no_compare
         ]
         report["compare"] = rows
         print(f"{'dynamics':>8} {'n':>7} {'d':>3} {'dtype':>8} {'tokenfield s/step':>18} "
@@ -222,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(
                     f"{r['dynamics']:>8}: {r['seconds']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB"
                 )
+    report["load_average_after"] = os.getloadavg()[0]
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)
