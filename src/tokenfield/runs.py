@@ -54,6 +54,10 @@ FIGURES = "figures"
 DERIVED = (METRICS_JSON, FIGURES, "projection.npz", "theory.json", "theory.html")
 CONFIG_ATTR = "tokenfield_config"
 
+# The layout of run.json and the store. A run written with a newer format (by a
+# newer tokenfield) is refused rather than misread.
+RUN_FORMAT = 1
+
 RunKind = Literal["trace", "simulation"]
 KINDS = ("trace", "simulation")
 Status = Literal["partial", "complete"]
@@ -94,6 +98,7 @@ class RunInfo:
             "kind": self.kind,
             "status": self.status,
             "tokenfield_version": self.version,
+            "format": RUN_FORMAT,
             "config": self.config,
             "progress": self.progress,
             **({"all_chunks_written": True} if self.all_chunks else {}),
@@ -157,8 +162,16 @@ def read_run_info(path: str | Path) -> RunInfo:
     progress = data.get("progress", {})
     if not isinstance(progress, dict):
         problems.append(f"'progress' is a {type(progress).__name__}, not an object")
+    else:
+        for key in ("done", "size", "batch_size"):
+            value = progress.get(key)
+            if key in progress and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
+                problems.append(f"progress '{key}' is {value!r}, not a count")
     if problems:
         raise UserError(f"'{meta}' is damaged ({'; '.join(problems)})", fix)
+    _check_format(meta, data)
     return RunInfo(
         path=path,
         kind=data["kind"],
@@ -169,6 +182,103 @@ def read_run_info(path: str | Path) -> RunInfo:
         all_chunks=data.get("all_chunks_written") is True,
         weights_sha256=data.get("weights_sha256") or None,
     )
+
+
+def _version_tuple(text: str) -> tuple[int, ...] | None:
+    import re
+
+    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    return tuple(int(g or 0) for g in match.groups()) if match else None
+
+
+def _check_format(meta: Path, data: dict[str, Any]) -> None:
+    """Refuse a run.json from the future: a format newer than this tokenfield's, or
+    (runs without the field predate it) a tokenfield version newer than this one."""
+    fix = (
+        f"read it with the tokenfield that wrote it (this is {__version__}), "
+        "or re-create the run with --overwrite"
+    )
+    fmt = data.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+            raise UserError(
+                f"'{meta}' is damaged (format {fmt!r})",
+                "re-create the run with --overwrite (run.json is written by tokenfield only)",
+            )
+        if fmt > RUN_FORMAT:
+            raise UserError(
+                f"'{meta}' has run format {fmt}, newer than this tokenfield reads ({RUN_FORMAT})",
+                fix,
+            )
+        return
+    written, ours = (
+        _version_tuple(str(data.get("tokenfield_version", ""))),
+        _version_tuple(__version__),
+    )
+    if written is not None and ours is not None and written > ours:
+        raise UserError(
+            f"'{meta}' was written by tokenfield {data['tokenfield_version']}, newer than this one",
+            fix,
+        )
+
+
+def check_against_store(info: RunInfo, ds: xr.Dataset) -> None:
+    """Raise :class:`UserError` when ``run.json`` disagrees with the store it
+    describes: its progress (``size`` against the stored rows; a trace's ``done``
+    against its prompts), its status (a complete trace holds every prompt of its
+    config) or its model (``d_model`` against the states' features).
+
+    ``run.json`` is only written by tokenfield, so a disagreement means it was
+    edited or damaged; believing it would give silently wrong results.
+    """
+    meta = info.path / RUN_JSON
+    fix = "re-create the run with the same command and --overwrite"
+    dim = "particle" if info.kind == "trace" else "time"
+    if "states" not in ds or dim not in ds.sizes:
+        return
+    rows = int(ds.sizes[dim])
+    size, done = info.progress.get("size"), info.progress.get("done")
+    parallel = "shards" in info.progress  # a parallel trace allocates every row up front
+
+    def refuse(what: str) -> None:
+        raise UserError(f"'{meta}' does not match its store: {what}", fix)
+
+    if size is not None and (size != rows if info.complete else size > rows):
+        refuse(f"progress size = {size}, but {TRAJECTORY} holds {rows} {dim}s")
+    model = info.config.get("model")
+    d_model = model.get("d_model") if isinstance(model, dict) else None
+    features = int(ds.sizes.get("feature", -1))
+    if info.kind == "trace" and isinstance(d_model, int) and features not in (-1, d_model):
+        refuse(f"the model has d = {d_model}, the states have {features} features")
+    if info.kind != "trace" or "prompt_index" not in ds.coords:
+        if info.kind == "simulation" and info.complete and done is not None and done != rows:
+            refuse(f"progress done = {done} saved times, but {TRAJECTORY} holds {rows}")
+        return
+    index = np.asarray(ds["prompt_index"].values)
+    prompts = info.config.get("prompts")
+    if info.complete:
+        stored = int(np.unique(index).size)
+        if isinstance(prompts, list) and stored != len(prompts):
+            refuse(f"it is marked complete, but holds {stored} of its {len(prompts)} prompts")
+        if done is not None and done != stored:
+            refuse(f"progress done = {done} prompts, but {TRAJECTORY} holds {stored}")
+    if not parallel and size is not None and done is not None:
+        _check_prefix(index[:size], done, refuse)
+
+
+def _check_prefix(index: np.ndarray, done: int, refuse: Any) -> None:
+    """A trace's first ``size`` rows hold exactly prompts ``0 .. done - 1``, in order."""
+    ok = index.size == 0 and done == 0
+    if index.size:
+        ok = (
+            bool(np.all(np.diff(index) >= 0))
+            and int(index[0]) == 0
+            and int(index[-1]) == done - 1
+            and np.unique(index).size == done
+        )
+    if not ok:
+        held = int(np.unique(index).size)
+        refuse(f"progress says {done} prompts in {index.size} rows; those rows hold {held}")
 
 
 def _runs_inside(path: Path) -> list[str]:
@@ -197,26 +307,71 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
         raise UserError(f"run '{path}' has no {TRAJECTORY}", "re-create it with --overwrite")
     if info.complete and info.all_chunks:
         check_chunks(path)
-    with warnings.catch_warnings():
+    # Every chunk read goes through this getter: a chunk whose checksum does not
+    # match (or that does not decode) is one line naming the run, whenever the lazy
+    # states are read (analyze, report, lens, a library caller's .load()).
+    reading = {"from_array_kwargs": {"getitem": _ChunkGetter(str(path))}}
+    with warnings.catch_warnings(), _read_errors(path):
         warnings.simplefilter("ignore")
         ds = None
         if info.complete:  # finish() consolidated the metadata: one read instead of one per array
             with contextlib.suppress(Exception):
-                ds = xr.open_zarr(store, consolidated=True)
+                ds = xr.open_zarr(store, consolidated=True, **reading)
         if ds is None:
-            ds = xr.open_zarr(store, consolidated=False)
-    # Coordinates (labels, prompts, tokens) are small: load them so that they are
-    # plain numpy arrays; the states stay lazy.
-    # One dask compute for all of them, set in place (no re-alignment per coordinate).
-    lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
-    if lazy:
-        import dask
+            ds = xr.open_zarr(store, consolidated=False, **reading)
+        # Coordinates (labels, prompts, tokens) are small: load them so that they are
+        # plain numpy arrays; the states stay lazy.
+        # One dask compute for all of them, set in place (no re-alignment per coordinate).
+        lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
+        if lazy:
+            import dask
 
-        values = dask.compute(*(ds.variables[name].data for name in lazy))
-        for name, value in zip(lazy, values, strict=True):
-            ds.variables[name].data = np.asarray(value)
+            values = dask.compute(*(ds.variables[name].data for name in lazy))
+            for name, value in zip(lazy, values, strict=True):
+                ds.variables[name].data = np.asarray(value)
+    check_against_store(info, ds)
     ds.attrs["run"] = info.to_dict()
     return ds
+
+
+def _damaged(path: str | Path, exc: BaseException) -> UserError:
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    return UserError(
+        f"run '{path}' has a damaged chunk in {TRAJECTORY} ({type(exc).__name__}: {detail})",
+        "re-create the run with the same command (trace or simulate) and --overwrite",
+    )
+
+
+class _ChunkGetter:
+    """``dask.array.from_array``'s ``getitem`` for a run's arrays: the usual getter,
+    with a chunk that fails to read or decode (checksum mismatch, garbage,
+    truncation) turned into :class:`UserError` naming the run. A class, not a
+    closure, so that a dask graph holding it can be pickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, a: Any, b: Any, asarray: bool = True, lock: Any = None) -> Any:
+        from dask.array.core import getter
+
+        try:
+            return getter(a, b, asarray=asarray, lock=lock)
+        except (UserError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - codecs report damage in many types
+            raise _damaged(self.path, exc) from None
+
+
+@contextlib.contextmanager
+def _read_errors(path: str | Path):
+    """Damage found while opening the store (its index coordinates are read at
+    once, not through the getter) is one line too."""
+    try:
+        yield
+    except (UserError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _damaged(path, exc) from None
 
 
 def _feature_dim(info: RunInfo) -> int | None:
@@ -465,6 +620,7 @@ class RunWriter:
             self.info = existing
             if not existing.complete:
                 self._check_store_writable()
+                self._check_resume()
                 self._trim_to_progress()
 
     def close(self) -> None:
@@ -523,6 +679,43 @@ class RunWriter:
                         f"cannot resume '{self.path}': '{entry}' is read-only",
                         "make the run writable again (chmod -R u+w), or choose another --out",
                     )
+
+    def _check_resume(self) -> None:
+        """Refuse to resume when run.json's progress disagrees with the store: a
+        resume trusts ``done`` (the prompts to skip) and ``size`` (the rows to keep)."""
+        import zarr
+
+        size, done = self.info.progress.get("size", 0), self.info.progress.get("done", 0)
+        if not self.store.exists() or "shards" in self.info.progress or not size:
+            return
+        meta = self.path / RUN_JSON
+
+        def refuse(what: str) -> None:
+            raise UserError(
+                f"'{meta}' does not match its store: {what}",
+                "pass --overwrite to start again, or choose another --out",
+            )
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                group = zarr.open_group(str(self.store), mode="r")
+                rows = int(group["states"].shape[0 if self.append_dim == "time" else 1])
+                index = (
+                    np.asarray(group["prompt_index"][:size])
+                    if self.info.kind == "trace" and "prompt_index" in group
+                    else None
+                )
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store damaged in any way
+            raise _damaged(self.path, exc) from None
+        if size > rows:
+            refuse(f"progress size = {size}, but {TRAJECTORY} holds {rows} rows")
+        if index is not None:
+            _check_prefix(index, done, refuse)
+        elif self.info.kind == "simulation" and done != size:
+            refuse(f"progress done = {done} saved times, size = {size}")
 
     def _trim_to_progress(self) -> None:
         """Drop rows written after the last recorded progress (a kill mid-append)."""
@@ -619,16 +812,13 @@ class RunWriter:
                     row_bytes = var.dtype.itemsize * var.size // max(1, var.sizes[self.append_dim])
                     return max(1, min(chunk, CHUNK_BYTES // max(1, row_bytes)))
 
-                encoding = {
-                    name: {
-                        "chunks": tuple(
+                encoding = store_encoding(merged)
+                for name, var in merged.variables.items():
+                    if self.append_dim in var.dims:
+                        encoding[name]["chunks"] = tuple(
                             rows(var) if dim == self.append_dim else size
                             for dim, size in zip(var.dims, var.shape, strict=True)
                         )
-                    }
-                    for name, var in merged.variables.items()
-                    if self.append_dim in var.dims
-                }
                 merged.to_zarr(
                     self.store,
                     mode="w",
@@ -671,7 +861,13 @@ class RunWriter:
         self._wait()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            variables.to_zarr(self.store, mode="a", consolidated=False, write_empty_chunks=True)
+            variables.to_zarr(
+                self.store,
+                mode="a",
+                consolidated=False,
+                write_empty_chunks=True,
+                encoding=store_encoding(variables),
+            )
         if self.complete:
             self._consolidate()
 
@@ -706,6 +902,22 @@ class RunWriter:
         if self._created:
             self._clear()
         self.close()
+
+
+def checksummed() -> tuple[Any, ...]:
+    """The compressors of every array tokenfield writes into a run's store: Zstandard
+    with its frame checksum (an xxHash64 of each chunk's content, checked on every
+    read), so a damaged chunk is an error instead of silently wrong numbers. A
+    standard Zarr v3 codec: plain ``xarray.open_zarr`` reads it."""
+    from zarr.codecs import ZstdCodec
+
+    return (ZstdCodec(level=0, checksum=True),)
+
+
+def store_encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
+    """Zarr encoding for every variable of ``ds`` (its compressors; see
+    :func:`checksummed`), to pass to ``to_zarr`` when the arrays are created."""
+    return {name: {"compressors": checksummed()} for name in ds.variables}
 
 
 def concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:

@@ -88,3 +88,106 @@ def test_the_library_writer_refuses_a_symlinked_lock(tmp_path, target):
     with pytest.raises(UserError, match="is a symbolic link"):
         _lock.acquire(out)
     assert not (tmp_path / "elsewhere" / "new-file").exists()
+
+
+# --- item 2: the cache's hash memo is checked against the entry it selects -----------
+
+
+@pytest.fixture
+def fake_cache(tmp_path, monkeypatch):
+    """A private cache whose "dequantisation" writes the GGUF's own bytes as the
+    weights (the real build's directory handling, without transformers)."""
+    from tokenfield.models import sources
+
+    monkeypatch.setenv("TOKENFIELD_CACHE", str(tmp_path / "cache"))
+    builds: list[str] = []
+
+    def build(gguf, file_hash, target):
+        builds.append(gguf.name)
+
+        def save(directory):
+            (directory / "model.safetensors").write_bytes(b"weights of " + gguf.read_bytes())
+
+        sources._install_entry(gguf, file_hash, target, save)
+
+    monkeypatch.setattr(sources, "_build_entry", build)
+    models = tmp_path / "models"
+    models.mkdir()
+    small = models / "small.gguf"
+    other = models / "other.gguf"
+    small.write_bytes(b"SMALL MODEL " * 1000)
+    other.write_bytes(b"OTHER MODEL " * 2000)
+    return sources, small, other, builds
+
+
+def _weights(entry: Path) -> bytes:
+    return (entry / "model.safetensors").read_bytes()
+
+
+def test_a_memo_that_names_another_models_hash_is_never_believed(fake_cache, capsys):
+    import hashlib
+    import json
+
+    sources, small, other, builds = fake_cache
+    small_dir, small_hash, _ = sources._gguf_entry(small)
+    other_dir, other_hash, _ = sources._gguf_entry(other)
+    assert small_hash == "sha256:" + hashlib.sha256(small.read_bytes()).hexdigest()
+    assert builds == ["small.gguf", "other.gguf"] and small_dir != other_dir
+    capsys.readouterr()
+    memo_file = sources.cache_root() / "hashes.json"
+    memo = json.loads(memo_file.read_text())
+    (key,) = [k for k in memo if k.startswith(str(small.resolve()))]
+    memo[key] = other_hash  # the attack: small's memo entry now names other's hash
+    memo_file.write_text(json.dumps(memo))
+    entry, file_hash, _ = sources._gguf_entry(small)
+    assert (entry, file_hash) == (small_dir, small_hash)  # its own entry, not other's
+    assert _weights(entry) == b"weights of " + small.read_bytes()
+    assert builds == ["small.gguf", "other.gguf"]  # nothing rebuilt: it was not needed
+    assert "hash memo" in capsys.readouterr().err
+    assert json.loads(memo_file.read_text())[key] == small_hash  # the memo is repaired
+    # the same through resolve_source, as `trace -m PATH.gguf` calls it
+    memo[key] = other_hash
+    memo_file.write_text(json.dumps(memo))
+    directory, weights_id, _name, weights = sources.resolve_source(str(small))
+    assert (directory, weights_id) == (small_dir, small_hash)
+
+
+def test_a_memo_naming_an_uncached_hash_never_labels_an_entry_with_it(fake_cache, capsys):
+    import json
+
+    sources, small, other, builds = fake_cache
+    memo_file = sources.cache_root() / "hashes.json"
+    sources._file_hash(other)  # memo entry for other
+    memo = json.loads(memo_file.read_text())
+    (key,) = list(memo)
+    fake = "sha256:" + "ab" * 32
+    memo[key] = fake
+    memo_file.write_text(json.dumps(memo))
+    entry, file_hash, _ = sources._gguf_entry(other)
+    assert file_hash != fake and not sources._entry_path(fake).exists()
+    assert _weights(entry) == b"weights of " + other.read_bytes()
+
+
+def test_an_entry_whose_source_record_names_another_file_is_checked(fake_cache, capsys):
+    """An entry built from the same content elsewhere (a copied cache, a moved file)
+    is reused after one hash; one whose record names other content is rebuilt."""
+    import json
+    import shutil
+
+    sources, small, other, builds = fake_cache
+    entry, small_hash, _ = sources._gguf_entry(small)
+    moved = small.with_name("moved.gguf")
+    shutil.copy(small, moved)
+    again, moved_hash, _ = sources._gguf_entry(moved)
+    assert (again, moved_hash) == (entry, small_hash) and builds == ["small.gguf"]
+    record = json.loads((entry / sources.SOURCE_RECORD).read_text())
+    assert record["gguf"] == str(moved.resolve())  # the record now names where it is
+    assert record["inode"] == moved.stat().st_ino and record["size"] == moved.stat().st_size
+    assert sources.verify_entry(entry)[0] is not None  # with its manifest updated
+    # an entry relabelled to claim another hash, manifest and all
+    record["hash"] = "sha256:" + "cd" * 32
+    (entry / sources.SOURCE_RECORD).write_text(json.dumps(record))
+    sources.write_manifest(entry)
+    rebuilt, _, _ = sources._gguf_entry(moved)
+    assert rebuilt == entry and builds == ["small.gguf", "moved.gguf"]
+    assert json.loads((entry / sources.SOURCE_RECORD).read_text())["hash"] == small_hash
