@@ -58,6 +58,32 @@ CONFIG_ATTR = "tokenfield_config"
 # newer tokenfield) is refused rather than misread.
 RUN_FORMAT = 1
 
+# What this process's writers did, for the line an interrupted command prints
+# (tokenfield.cli): runs finished, and runs left partial (resumable).
+_WRITE_LOG: dict[str, list[Path]] = {"finished": [], "partial": []}
+
+
+def reset_write_log() -> None:
+    for paths in _WRITE_LOG.values():
+        paths.clear()
+
+
+def _log_write(path: Path, state: str) -> None:
+    for paths in _WRITE_LOG.values():
+        if path in paths:
+            paths.remove(path)
+    _WRITE_LOG[state].append(path)
+
+
+def interrupted_line() -> str:
+    """What to tell a user whose command was interrupted: resume, unless every run
+    it wrote was already complete (then there is nothing to resume)."""
+    if _WRITE_LOG["finished"] and not _WRITE_LOG["partial"]:
+        shown = ", ".join(f"'{p}'" for p in _WRITE_LOG["finished"])
+        return f"tokenfield: interrupted after {shown} was complete; nothing to resume."
+    return "tokenfield: interrupted; run the same command again to resume."
+
+
 RunKind = Literal["trace", "simulation"]
 KINDS = ("trace", "simulation")
 Status = Literal["partial", "complete"]
@@ -301,6 +327,8 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
         raise UserError(
             f"run '{path}' is partial (interrupted)",
             "re-run the command that made it to resume, or pass allow_partial=True",
+            cli_fix="run the command that made it (tokenfield trace or simulate with the "
+            "same arguments) again to finish it",
         )
     store = Path(path) / TRAJECTORY
     if not store.exists():
@@ -640,6 +668,9 @@ class RunWriter:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
+            info = getattr(self, "info", None)  # None: refused before opening the run
+            if info is not None and not getattr(self, "_abandoned", False):
+                _log_write(self.path, "finished" if info.complete else "partial")
 
     def __enter__(self) -> RunWriter:
         return self
@@ -889,6 +920,7 @@ class RunWriter:
         self.info.status = "complete"
         self.info.progress = {**self.info.progress, **progress}
         write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
+        _log_write(self.path, "finished")
         self.close()
 
     def abandon(self) -> None:
@@ -901,6 +933,7 @@ class RunWriter:
         self._pending = []
         if self._created:
             self._clear()
+        self._abandoned = True
         self.close()
 
 

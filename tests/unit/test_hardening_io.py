@@ -191,3 +191,257 @@ def test_an_entry_whose_source_record_names_another_file_is_checked(fake_cache, 
     rebuilt, _, _ = sources._gguf_entry(moved)
     assert rebuilt == entry and builds == ["small.gguf", "moved.gguf"]
     assert json.loads((entry / sources.SOURCE_RECORD).read_text())["hash"] == small_hash
+
+
+# --- item 3: every chunk of the store carries a checksum -----------------------------
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory) -> Path:
+    from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
+
+    states, labels = clustered(n_per_category=3, n_time=4, n_feature=8)
+    ds = trace_dataset(states, labels)
+    ds.attrs["run"]["config"]["model"] = {"name": "synthetic", "d_model": 8}
+    return write_run(tmp_path_factory.mktemp("clean") / "run", ds)
+
+
+def _copy(run: Path, where: Path) -> Path:
+    import shutil
+
+    shutil.copytree(run, where)
+    return where
+
+
+def _chunk(run: Path) -> Path:
+    return run / "trajectory.zarr" / "states" / "c" / "0" / "0" / "0"
+
+
+def _xor3(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    for at in (len(data) // 4, len(data) // 2, 3 * len(data) // 4):
+        data[at] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "xor3": _xor3,
+    "garbage": lambda p: p.write_bytes(os.urandom(p.stat().st_size)),
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+}
+
+
+def test_the_store_is_checksummed_and_plain_xarray_reads_it(clean_run):
+    import json
+
+    import numpy as np
+    import xarray as xr
+
+    from tokenfield.runs import open_run
+
+    for array in ("states", "prompt", "category"):
+        codecs = json.loads((clean_run / "trajectory.zarr" / array / "zarr.json").read_text())
+        zstd = [c for c in codecs["codecs"] if c["name"] == "zstd"]
+        assert zstd and zstd[0]["configuration"]["checksum"] is True, array
+    plain = xr.open_zarr(clean_run / "trajectory.zarr")
+    np.testing.assert_array_equal(plain["states"].values, open_run(clean_run)["states"].values)
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_chunk_is_one_line_for_every_reader(clean_run, tmp_path, damage, capsys):
+    from tokenfield.runs import open_run
+
+    run = _copy(clean_run, tmp_path / "run")
+    DAMAGE[damage](_chunk(run))
+    for args in (
+        ["analyze", run, "--no-figures"],
+        ["report", run, "--out", tmp_path / "r.html"],
+    ):
+        code, _out, err = run_cli(args, capsys)
+        assert code == 2, err
+        line = one_error_line(err)
+        assert f"run '{run}' has a damaged chunk in trajectory.zarr" in line
+        assert "--overwrite" in line
+    assert not (tmp_path / "r.html").exists() and not (run / "metrics.json").exists()
+    with pytest.raises(UserError, match="has a damaged chunk"):
+        open_run(run)["states"].load()
+
+
+def test_a_run_from_before_the_checksum_still_opens(clean_run, tmp_path, monkeypatch):
+    import json
+
+    import numpy as np
+    from zarr.codecs import ZstdCodec
+
+    from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
+    from tokenfield import runs
+
+    monkeypatch.setattr(runs, "checksummed", lambda: (ZstdCodec(level=0, checksum=False),))
+    states, labels = clustered(n_per_category=3, n_time=4, n_feature=8)
+    old = write_run(tmp_path / "old", trace_dataset(states, labels))
+    meta = json.loads((old / "trajectory.zarr" / "states" / "zarr.json").read_text())
+    assert meta["codecs"][-1]["configuration"]["checksum"] is False
+    monkeypatch.undo()
+    np.testing.assert_array_equal(
+        runs.open_run(old)["states"].values, runs.open_run(clean_run)["states"].values
+    )
+
+
+# --- item 4: run.json is checked against the store -----------------------------------
+
+
+def _edit(run: Path, change) -> None:
+    import json
+
+    data = json.loads((run / "run.json").read_text())
+    change(data)
+    (run / "run.json").write_text(json.dumps(data))
+
+
+EDITS = {
+    "future format": (lambda d: d.update(format=2), "has run format 2, newer than"),
+    "future version": (
+        lambda d: (d.pop("format"), d.update(tokenfield_version="99.0.0")),
+        "written by tokenfield 99.0.0, newer than this one",
+    ),
+    "size": (lambda d: d["progress"].update(size=5), "progress size = 5, but trajectory.zarr"),
+    "done": (lambda d: d["progress"].update(done=4), "progress done = 4 prompts"),
+    "d_model": (
+        lambda d: d["config"]["model"].update(d_model=640),
+        "the model has d = 640, the states have 8 features",
+    ),
+    "more prompts": (
+        lambda d: d["config"].update(prompts=[{"text": f"p{i}"} for i in range(21)]),
+        "marked complete, but holds 15 of its 21 prompts",
+    ),
+    "text done": (lambda d: d["progress"].update(done="4"), "progress 'done' is '4', not a count"),
+    "float size": (lambda d: d["progress"].update(size=4.5), "progress 'size' is 4.5, not a count"),
+    "bool done": (lambda d: d["progress"].update(done=True), "progress 'done' is True, not a"),
+    "negative": (lambda d: d["progress"].update(size=-1), "progress 'size' is -1, not a count"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_an_edited_run_json_is_refused_by_every_reader(clean_run, tmp_path, edit, capsys):
+    from tokenfield.runs import open_run
+
+    change, message = EDITS[edit]
+    run = _copy(clean_run, tmp_path / "run")
+    _edit(run, change)
+    for args in (
+        ["analyze", run, "--no-figures"],
+        ["report", run, "--out", tmp_path / "r.html"],
+    ):
+        code, _out, err = run_cli(args, capsys)
+        assert code == 2, err
+        assert message in one_error_line(err)
+    with pytest.raises(UserError, match="run.json"):
+        open_run(run)
+
+
+def _partial_trace(path: Path, prompts: int = 3, per_prompt: int = 2) -> Path:
+    """A partial trace: ``prompts`` prompts of ``per_prompt`` tokens each written."""
+    import numpy as np
+    import xarray as xr
+
+    from tokenfield.runs import strings
+
+    config = {"prompts": [{"text": f"p{i}"} for i in range(5)], "model": {"d_model": 2}}
+    writer = RunWriter(path, "trace", config, append_dim="particle", batch_size=1)
+    for i in range(prompts):
+        start = i * per_prompt
+        writer.append(
+            xr.Dataset(
+                {"states": (("time", "particle", "feature"), np.ones((3, per_prompt, 2), "f4"))},
+                coords={
+                    "particle": np.arange(start, start + per_prompt),
+                    "prompt_index": ("particle", np.full(per_prompt, i)),
+                    "prompt": ("particle", strings([f"p{i}"] * per_prompt)),
+                },
+            ),
+            done=i + 1,
+        )
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("done", "size"), [(2, 6), (4, 8), (3, 4), (3, 9)], ids=["done<", "both>", "size<", "size>"]
+)
+def test_a_resume_refuses_progress_that_disagrees_with_the_store(tmp_path, done, size):
+    from tokenfield.runs import read_run_info
+
+    run = _partial_trace(tmp_path / "run")
+    assert read_run_info(run).progress["done"] == 3 and read_run_info(run).progress["size"] == 6
+    _edit(run, lambda d: d["progress"].update(done=done, size=size))
+    before = (run / "run.json").read_bytes()
+    config = read_run_info(run).config
+    with pytest.raises(UserError, match="does not match its store"):
+        RunWriter(run, "trace", config, append_dim="particle", batch_size=1)
+    assert (run / "run.json").read_bytes() == before  # nothing trimmed or rewritten
+
+
+def test_a_partial_run_edited_to_complete_is_refused(tmp_path, capsys):
+    run = _partial_trace(tmp_path / "run")
+    _edit(run, lambda d: d.update(status="complete"))
+    code, _out, err = run_cli(["analyze", run, "--no-figures"], capsys)
+    assert code == 2
+    assert "marked complete, but holds 3 of its 5 prompts" in one_error_line(err)
+
+
+# --- messages: the resume line and the partial-run fix as a CLI user reads them -------
+
+
+def test_an_interrupt_after_the_run_finished_says_there_is_nothing_to_resume(
+    tmp_path, monkeypatch, capsys
+):
+    from tokenfield import runs
+
+    finish = runs.RunWriter.finish
+
+    def finish_then_interrupt(self, **progress):
+        finish(self, **progress)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs.RunWriter, "finish", finish_then_interrupt)
+    out = tmp_path / "sim"
+    args = ["simulate", "--n", "4", "--dim", "3", "--t-max", "0.1", "--out", out]
+    code, _out, err = run_cli(args, capsys)
+    assert code == 130
+    assert err.strip().splitlines()[-1] == (
+        f"tokenfield: interrupted after '{out}' was complete; nothing to resume."
+    )
+    assert runs.read_run_info(out).complete
+
+    def interrupt(self, piece, done, **progress):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs.RunWriter, "append", interrupt)
+    args[-1] = tmp_path / "sim2"
+    code, _out, err = run_cli(args, capsys)
+    assert code == 130
+    assert err.strip().splitlines()[-1] == (
+        "tokenfield: interrupted; run the same command again to resume."
+    )
+
+
+def test_a_partial_run_tells_a_cli_user_what_to_run_not_a_python_argument(tmp_path, capsys):
+    from tokenfield.runs import open_run
+
+    run = _partial_trace(tmp_path / "run")
+    code, _out, err = run_cli(["analyze", run, "--no-figures"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "is partial" in line
+    assert "allow_partial" not in line and "again to finish it" in line
+    with pytest.raises(UserError, match="allow_partial=True"):  # the library's own fix
+        open_run(run)
+
+
+def test_a_partial_run_opened_as_partial_is_checked_too(tmp_path):
+    from tokenfield.runs import open_run
+
+    run = _partial_trace(tmp_path / "run")
+    assert open_run(run, allow_partial=True).sizes["particle"] == 6
+    _edit(run, lambda d: d["progress"].update(done=2))
+    with pytest.raises(UserError, match="progress says 2 prompts in 6 rows; those rows hold 3"):
+        open_run(run, allow_partial=True)
