@@ -49,9 +49,70 @@ RUN_JSON = "run.json"
 TRAJECTORY = "trajectory.zarr"
 METRICS_JSON = "metrics.json"
 FIGURES = "figures"
+# The files analyses derive from a run and keep inside it. The modules that write
+# them import these names from here, so that DERIVED cannot miss one.
+PROJECTION_NPZ = "projection.npz"  # tokenfield analyze (analysis.projection)
+THEORY_JSON = "theory.json"  # tokenfield lens (analysis.theory)
+THEORY_HTML = "theory.html"
+FLOW_JSON = "flow.json"  # tokenfield lens --flow (analysis.flow)
+FLOW_HTML = "flow.html"
 # Everything tokenfield derives from a run and keeps inside it: --overwrite removes
-# these (and only these, so a user's own files in the directory are never touched).
-DERIVED = (METRICS_JSON, FIGURES, "projection.npz", "theory.json", "theory.html")
+# these (and only these, so a user's own files in the directory are never touched;
+# in FIGURES only the figures tokenfield draws, see is_figure).
+DERIVED = (METRICS_JSON, FIGURES, PROJECTION_NPZ, THEORY_JSON, THEORY_HTML, FLOW_JSON, FLOW_HTML)
+# The figures tokenfield draws into RUN/figures, by name: each stem as .png and .svg
+# (tokenfield.viz.run_figures, tokenfield.viz.simulation), the animations, and the
+# lens's theory_<section>.png/.svg (tokenfield.viz.theory, tokenfield.viz.flow).
+FIGURE_STEMS = (
+    "trajectories",
+    "pcs_vs_layer",
+    "speed",
+    "separation",
+    "centroid_distances",
+    "trajectories_per_layer",
+    "trajectories_baseline",
+    "simulation_clusters_energy",
+    "simulation_particles",
+)
+FIGURE_ANIMATIONS = ("thought_evolution.gif", "simulation_particles.gif")
+LENS_FIGURE_PREFIX = "theory_"
+
+
+def is_figure(name: str) -> bool:
+    """Whether ``name`` (a file in RUN/figures) is a figure tokenfield draws."""
+    if name in FIGURE_ANIMATIONS:
+        return True
+    stem, _dot, suffix = name.rpartition(".")
+    if suffix not in ("png", "svg"):
+        return False
+    lens = stem.removeprefix(LENS_FIGURE_PREFIX)
+    return stem in FIGURE_STEMS or (
+        stem.startswith(LENS_FIGURE_PREFIX) and lens.replace("_", "").isalnum()
+    )
+
+
+def figures_dir(run: str | Path, *, create: bool = True) -> Path:
+    """``RUN/figures``, checked to be a real directory inside the run (created when
+    missing, with ``create``): figures are never written through a symbolic link
+    into another directory.
+
+    Raises:
+        UserError: it is a symbolic link, or something other than a directory.
+    """
+    folder = Path(run) / FIGURES
+    if folder.is_symlink():
+        raise UserError(
+            f"'{folder}' is a symbolic link (to '{os.readlink(folder)}'); tokenfield "
+            "writes figures only inside the run, never through a link",
+            f"remove the link '{folder}' (its target is left alone), then run again",
+        )
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"'{folder}' is not a directory", "remove or rename it, then run again")
+    if create:
+        folder.mkdir(exist_ok=True)
+    return folder
+
+
 CONFIG_ATTR = "tokenfield_config"
 
 # The layout of run.json and the store. A run written with a newer format (by a
@@ -132,6 +193,52 @@ class RunInfo:
         }
 
     to_json = to_dict  # the old name of the one serialisation verb
+
+
+def overwrite_plan(path: Path) -> list[Path]:
+    """What ``--overwrite`` deletes in the run directory ``path``, in order: the
+    figures tokenfield drew (by name), the derived files, the store, then
+    run.json. Nothing else (a user's files stay, in ``figures/`` too).
+
+    Raises:
+        UserError: before anything is deleted, when one of those names is a
+            symbolic link (it is never followed out of the run) or cannot be
+            deleted.
+    """
+    plan: list[Path] = []
+    for name in (*DERIVED, TRAJECTORY, RUN_JSON):
+        target = path / name
+        if target.is_symlink():
+            raise UserError(
+                f"'{target}' is a symbolic link; --overwrite deletes only tokenfield's own "
+                "files and never follows a link out of the run (nothing was deleted)",
+                f"remove the link '{target}' (its target is left alone), then run again",
+            )
+        if not target.exists():
+            continue
+        if name == FIGURES and target.is_dir():
+            plan += [f for f in sorted(target.iterdir()) if is_figure(f.name) and not f.is_dir()]
+        elif name != TRAJECTORY and target.is_dir():
+            raise UserError(
+                f"'{target}' is a directory, not the file tokenfield writes there "
+                "(nothing was deleted)",
+                "move it out of the run, then run again",
+            )
+        plan.append(target)
+    for folder in {p.parent for p in plan}:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UserError(
+                f"cannot delete files in '{folder}' (not writable; nothing was deleted)",
+                "make it writable (chmod u+w), or choose another --out",
+            )
+    return plan
+
+
+def _looks_like_run(path: Path) -> bool:
+    """A directory tokenfield wrote, even with run.json damaged or missing: its
+    store is there, or its run.json and nothing but tokenfield's names."""
+    names = set(_user_files(path))
+    return TRAJECTORY in names or (RUN_JSON in names and names <= {TRAJECTORY, RUN_JSON, *DERIVED})
 
 
 def _user_files(path: Path) -> list[str]:
@@ -362,10 +469,10 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     return ds
 
 
-def _damaged(path: str | Path, exc: BaseException) -> UserError:
+def _damaged(path: str | Path, exc: BaseException, what: str = "a damaged chunk in") -> UserError:
     detail = str(exc).splitlines()[0] if str(exc) else ""
     return UserError(
-        f"run '{path}' has a damaged chunk in {TRAJECTORY} ({type(exc).__name__}: {detail})",
+        f"run '{path}' has {what} {TRAJECTORY} ({type(exc).__name__}: {detail})",
         "re-create the run with the same command (trace or simulate) and --overwrite",
     )
 
@@ -399,7 +506,7 @@ def _read_errors(path: str | Path):
     except (UserError, MemoryError):
         raise
     except Exception as exc:  # noqa: BLE001
-        raise _damaged(path, exc) from None
+        raise _damaged(path, exc, "a damaged") from None
 
 
 def _feature_dim(info: RunInfo) -> int | None:
@@ -577,6 +684,17 @@ class RunWriter:
     def _open(
         self, kind: RunKind, overwrite: bool, batch_size: int | None, weights: str | None
     ) -> None:
+        replaced = False
+        if overwrite and (is_run(self.path) or _looks_like_run(self.path)):
+            # --overwrite replaces tokenfield's run even when its run.json is
+            # damaged or missing (nothing else could repair it)
+            try:
+                read_run_info(self.path)
+            except UserError:
+                if not _looks_like_run(self.path):
+                    raise
+                self._clear()
+                replaced = True
         existing = read_run_info(self.path) if is_run(self.path) else None
         if existing is not None and not overwrite and existing.config != self.config:
             changed = sorted(
@@ -591,7 +709,12 @@ class RunWriter:
             )
         if existing is not None and not overwrite and existing.kind != kind:
             raise UserError(f"'{self.path}' holds a {existing.kind} run", "choose another --out")
-        if existing is None and _user_files(self.path):
+        if existing is None and not replaced and _looks_like_run(self.path):
+            raise UserError(
+                f"'{self.path}' holds a tokenfield run without its {RUN_JSON} (damaged)",
+                "pass --overwrite to replace it, or choose another --out",
+            )
+        if existing is None and not replaced and _user_files(self.path):
             raise UserError(
                 f"output directory '{self.path}' exists and is not a tokenfield run"
                 + (" (--overwrite only replaces runs)" if overwrite else ""),
@@ -692,11 +815,18 @@ class RunWriter:
         return self.info.complete
 
     def _clear(self) -> None:
-        for name in (TRAJECTORY, RUN_JSON, *DERIVED):
-            target = self.path / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
+        """Delete this run's files, by name: everything is checked before anything is
+        deleted, and run.json goes last (an interrupted clear leaves a run that
+        ``--overwrite`` clears again, not a directory it refuses)."""
+        plan = overwrite_plan(self.path)
+        for target in plan:
+            if target.is_dir() and not target.is_symlink():
+                if target.name == FIGURES:
+                    with contextlib.suppress(OSError):  # kept when the user's files remain
+                        target.rmdir()
+                else:
+                    shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
                 target.unlink()
 
     def _check_store_writable(self) -> None:
@@ -740,7 +870,7 @@ class RunWriter:
         except UserError:
             raise
         except Exception as exc:  # noqa: BLE001 - a store damaged in any way
-            raise _damaged(self.path, exc) from None
+            raise _damaged(self.path, exc, "a damaged") from None
         if size > rows:
             refuse(f"progress size = {size}, but {TRAJECTORY} holds {rows} rows")
         if index is not None:

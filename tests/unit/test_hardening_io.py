@@ -445,3 +445,175 @@ def test_a_partial_run_opened_as_partial_is_checked_too(tmp_path):
     _edit(run, lambda d: d["progress"].update(done=2))
     with pytest.raises(UserError, match="progress says 2 prompts in 6 rows; those rows hold 3"):
         open_run(run, allow_partial=True)
+
+
+# --- item 5: no figure is written or embedded through a symlink ----------------------
+
+
+def test_analyze_refuses_a_symlinked_figures_dir_and_writes_nothing_there(
+    clean_run, tmp_path, capsys
+):
+    run = _copy(clean_run, tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / "figures").symlink_to(elsewhere)
+    code, _out, err = run_cli(["analyze", run], capsys)
+    assert code == 2
+    line = one_error_line(err)
+    assert f"'{run / 'figures'}' is a symbolic link" in line and "remove the link" in line
+    assert list(elsewhere.iterdir()) == []
+    assert not (run / "metrics.json").exists()  # refused before the work
+
+
+def test_a_figure_name_that_is_a_symlink_is_replaced_not_written_through(
+    clean_run, tmp_path, target
+):
+    from tokenfield.pipelines.analyze import analyze_run
+
+    run = _copy(clean_run, tmp_path / "run")
+    (run / "figures").mkdir()
+    (run / "figures" / "speed.png").symlink_to(target)
+    analyze_run(run, n_permutations=0)
+    assert target.read_bytes() == SECRET
+    speed = run / "figures" / "speed.png"
+    assert not speed.is_symlink() and speed.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_report_never_embeds_a_file_reached_through_a_symlink(clean_run, tmp_path, capsys):
+    import base64
+
+    from tokenfield.pipelines.analyze import analyze_run
+
+    private = tmp_path / "private" / "id_rsa.png"
+    private.parent.mkdir()
+    key = b"-----BEGIN PRIVATE KEY----- attacker wants this -----END PRIVATE KEY-----"
+    private.write_bytes(key)
+    secret = base64.b64encode(key).decode()
+    run = _copy(clean_run, tmp_path / "run")
+    analyze_run(run, n_permutations=0)
+    (run / "figures" / "zz_key.png").symlink_to(private)  # a link among real figures
+    out = tmp_path / "r.html"
+    assert run_cli(["report", run, "--out", out], capsys)[0] == 0
+    page = out.read_text()
+    assert secret not in page and "zz_key" not in page
+    assert base64.b64encode((run / "figures" / "speed.png").read_bytes()).decode() in page
+    # the whole figures/ a link to a directory of "figures"
+    import shutil
+
+    shutil.rmtree(run / "figures")
+    (run / "figures").symlink_to(private.parent)
+    assert run_cli(["report", run, "--out", out, "--overwrite"], capsys)[0] == 0
+    assert secret not in out.read_text()
+
+
+# --- item 6: --overwrite deletes only tokenfield's own files, after checking them ------
+
+
+def test_overwrite_keeps_the_users_files_in_figures(tmp_path, capsys):
+    from tokenfield.pipelines.analyze import analyze_run
+    from tokenfield.runs import DERIVED, read_run_info
+
+    out = tmp_path / "sim"
+    assert run_cli(["simulate", "--n", "4", "--dim", "3", "--t-max", "0.1", "--out", out])[0] == 0
+    analyze_run(out, n_permutations=0)
+    drawn = sorted(p.name for p in (out / "figures").iterdir())
+    assert "simulation_particles.png" in drawn and "speed.png" in drawn
+    (out / "figures" / "my_notes.txt").write_text("mine")
+    (out / "figures" / "my_plot.png").write_bytes(b"mine too")
+    (out / "notes.md").write_text("mine")
+    for name in ("flow.json", "flow.html", "theory.json", "theory.html"):
+        (out / name).write_text("{}")
+    assert {"flow.json", "flow.html"} <= set(DERIVED)
+    code, _o, err = run_cli(
+        ["simulate", "--n", "4", "--dim", "3", "--t-max", "0.2", "--out", out, "--overwrite"],
+        capsys,
+    )
+    assert code == 0, err
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["my_notes.txt", "my_plot.png"]
+    assert (out / "notes.md").read_text() == "mine"
+    for name in ("flow.json", "flow.html", "theory.json", "theory.html", "metrics.json"):
+        assert not (out / name).exists(), name
+    assert read_run_info(out).config["t_max"] == 0.2
+
+
+def test_overwrite_with_a_symlinked_figures_dir_deletes_nothing(tmp_path, target, capsys):
+    from tokenfield.runs import read_run_info
+
+    out = tmp_path / "sim"
+    assert run_cli(["simulate", "--n", "4", "--dim", "3", "--t-max", "0.1", "--out", out])[0] == 0
+    elsewhere = target.parent
+    (elsewhere / "speed.png").write_bytes(b"not tokenfield's")
+    (out / "figures").symlink_to(elsewhere)
+    before = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+    store = sorted(str(p) for p in (out / "trajectory.zarr").rglob("*"))
+    code, _o, err = run_cli(
+        ["simulate", "--n", "4", "--dim", "3", "--t-max", "0.2", "--out", out, "--overwrite"],
+        capsys,
+    )
+    assert code == 2
+    assert "is a symbolic link; --overwrite deletes only" in one_error_line(err)
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
+    assert read_run_info(out).config["t_max"] == 0.1  # the old run is intact
+    assert sorted(str(p) for p in (out / "trajectory.zarr").rglob("*")) == store
+    (out / "figures").unlink()  # the fix the message names: the retry then works
+    code, _o, err = run_cli(
+        ["simulate", "--n", "4", "--dim", "3", "--t-max", "0.2", "--out", out, "--overwrite"],
+        capsys,
+    )
+    assert code == 0, err and read_run_info(out).config["t_max"] == 0.2
+
+
+def test_every_figure_tokenfield_draws_is_one_overwrite_deletes(clean_run, tmp_path):
+    """DERIVED and is_figure are the names the writers use: analyze (with a baseline
+    and per-layer figures) and a simulation's figures all match."""
+    from tokenfield.pipelines.analyze import analyze_run
+    from tokenfield.runs import is_figure
+
+    run = _copy(clean_run, tmp_path / "run")
+    analyze_run(run, baseline=clean_run, per_layer=True, n_permutations=0)
+    sim = tmp_path / "sim"
+    assert run_cli(["simulate", "--n", "4", "--dim", "3", "--t-max", "0.1", "--out", sim])[0] == 0
+    analyze_run(sim, n_permutations=0)
+    names = [p.name for d in (run, sim) for p in (d / "figures").iterdir()]
+    assert len(names) > 15 and all(is_figure(n) for n in names), names
+    assert not any(is_figure(n) for n in ("notes.png.txt", "mine.png", "theory_../x.png"))
+
+
+# --- item 8 (part): --overwrite repairs a run whose run.json is damaged ----------------
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing", "future"])
+def test_overwrite_replaces_a_run_with_a_damaged_run_json(tmp_path, damage, capsys):
+    from tokenfield.runs import read_run_info
+
+    out = tmp_path / "sim"
+    args = ["simulate", "--n", "4", "--dim", "3", "--t-max", "0.1", "--out", out]
+    assert run_cli(args)[0] == 0
+    (out / "notes.md").write_text("mine") if damage != "missing" else None
+    if damage == "garbage":
+        (out / "run.json").write_bytes(b"{not json")
+    elif damage == "missing":
+        (out / "run.json").unlink()
+    else:
+        _edit(out, lambda d: d.update(format=99))
+    code, _o, err = run_cli(args, capsys)
+    assert code == 2 and "--overwrite" in one_error_line(err)
+    code, _o, err = run_cli([*args, "--overwrite"], capsys)
+    assert code == 0, err
+    assert read_run_info(out).complete
+    if damage != "missing":
+        assert (out / "notes.md").read_text() == "mine"
+
+
+def test_overwrite_still_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "run.json").write_text("{not json")  # a damaged run.json among the user's data
+    (out / "data.csv").write_text("1,2")
+    code, _o, err = run_cli(
+        ["simulate", "--n", "4", "--dim", "3", "--t-max", "0.1", "--out", out, "--overwrite"],
+        capsys,
+    )
+    assert code == 2 and "is damaged" in one_error_line(err)
+    assert sorted(p.name for p in out.iterdir()) == ["data.csv", "run.json"]
+    assert (out / "run.json").read_text() == "{not json"
