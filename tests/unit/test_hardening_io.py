@@ -451,8 +451,14 @@ def test_a_partial_run_opened_as_partial_is_checked_too(tmp_path):
 
 
 def test_analyze_refuses_a_symlinked_figures_dir_and_writes_nothing_there(
-    clean_run, tmp_path, capsys
+    clean_run, tmp_path, capsys, monkeypatch
 ):
+    from tokenfield.pipelines import analyze
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the analysis ran before the figures directory was checked")
+
+    monkeypatch.setattr(analyze, "analyze", no_work)
     run = _copy(clean_run, tmp_path / "run")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
