@@ -59,8 +59,13 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
     block ends without an error; on an error the temporary file is removed and
     ``path`` is untouched."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{suffix}")
+    # a new file of our own (O_EXCL): a link planted at a predictable name is never
+    # written through
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
+    tmp = Path(name)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; give the usual mode
+        os.close(fd)
         yield tmp
         os.replace(tmp, path)
     except BaseException:

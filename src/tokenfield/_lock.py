@@ -9,6 +9,11 @@ process ends, however it ends (a crash or ``kill -9`` leaves no stale lock).
 A second writer fails at once with :class:`~tokenfield.errors.UserError`
 naming the holder's pid. Readers never take it.
 
+The lock file is opened with ``O_NOFOLLOW``, and anything at its name that is not
+a regular file with one link (a symlink, a hard link to another file, a FIFO, a
+device) is refused with one line and left untouched: the lock truncates its
+file and writes a pid into it, which must never reach a file outside the run.
+
 The lock file is not part of a run: it is removed on release, a directory
 holding only the lock file counts as empty, and ``--overwrite`` never deletes
 it. A lock that created its directory removes the directory again on release
@@ -25,6 +30,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +92,47 @@ def _holder(path: Path, wait: float = 1.0) -> str:
         time.sleep(0.01)
 
 
+def _foreign(mode: int, links: int) -> str | None:
+    """Why a file at the lock's name is not one tokenfield made (None if it may be)."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if not stat.S_ISREG(mode):
+        return "not a regular file"
+    if links > 1:  # a hard link: truncating it would clobber the other name's file
+        return f"a regular file with {links} hard links"
+    return None
+
+
+def _refuse(path: Path, shown: str, why: str) -> None:
+    raise UserError(
+        f"the lock file '{Path(shown) / LOCK_NAME}' is {why}, not tokenfield's lock "
+        "(it was left untouched)",
+        f"remove '{Path(shown) / LOCK_NAME}' (tokenfield creates its own), then run again",
+    )
+
+
+def _refuse_foreign(path: Path, shown: str) -> None:
+    """Refuse a symlink, a device, a FIFO, a directory or a hard link at the lock's
+    name before opening it."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        return  # the open below reports it
+    why = _foreign(info.st_mode, info.st_nlink)
+    if why:
+        _refuse(path, shown, why)
+
+
+def _refuse_foreign_fd(fd: int, path: Path, shown: str) -> None:
+    """The same check on what was opened (the name may have changed in between)."""
+    info = os.fstat(fd)
+    why = _foreign(info.st_mode, info.st_nlink)
+    if why:
+        _refuse(path, shown, why)
+
+
 def acquire(directory: str | Path, *, what: str = "output directory") -> WriterLock:
     """Take the writer lock on ``directory`` (created if missing).
 
@@ -111,8 +158,11 @@ def acquire(directory: str | Path, *, what: str = "output directory") -> WriterL
         ) from None
     path = directory / LOCK_NAME
     while True:
+        _refuse_foreign(path, shown)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: a symlink planted at the lock's name is never followed (the
+            # lock is truncated and written, which would clobber its target).
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except FileNotFoundError:
             # A holder that had created the directory removed it on release
             # between our mkdir and this open: make it again and retry.
@@ -126,12 +176,19 @@ def acquire(directory: str | Path, *, what: str = "output directory") -> WriterL
             created = True
             continue
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink appeared after the check above
+                _refuse_foreign(path, shown)
             if created:
                 with contextlib.suppress(OSError):
                     directory.rmdir()
             raise UserError(
                 f"cannot write in {what} '{shown}' ({exc.strerror})", "choose another --out"
             ) from None
+        try:
+            _refuse_foreign_fd(fd, path, shown)
+        except UserError:
+            os.close(fd)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -21,11 +21,14 @@ class UserError(ValueError):
     Args:
         problem: what is wrong, e.g. ``"prompt file 'x.txt' is empty"``.
         fix: what to do about it, e.g. ``"put one prompt per line"``.
+        cli_fix: the fix as a command-line user should read it, when it differs
+            (a library fix may name a Python argument such as ``allow_partial``).
     """
 
-    def __init__(self, problem: str, fix: str | None = None):
+    def __init__(self, problem: str, fix: str | None = None, *, cli_fix: str | None = None):
         self.problem = problem
         self.fix = fix
+        self.cli_fix = cli_fix
         super().__init__(self.one_line())
 
     def one_line(self) -> str:

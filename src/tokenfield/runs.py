@@ -49,10 +49,101 @@ RUN_JSON = "run.json"
 TRAJECTORY = "trajectory.zarr"
 METRICS_JSON = "metrics.json"
 FIGURES = "figures"
+# The files analyses derive from a run and keep inside it. The modules that write
+# them import these names from here, so that DERIVED cannot miss one.
+PROJECTION_NPZ = "projection.npz"  # tokenfield analyze (analysis.projection)
+THEORY_JSON = "theory.json"  # tokenfield lens (analysis.theory)
+THEORY_HTML = "theory.html"
+FLOW_JSON = "flow.json"  # tokenfield lens --flow (analysis.flow)
+FLOW_HTML = "flow.html"
 # Everything tokenfield derives from a run and keeps inside it: --overwrite removes
-# these (and only these, so a user's own files in the directory are never touched).
-DERIVED = (METRICS_JSON, FIGURES, "projection.npz", "theory.json", "theory.html")
+# these (and only these, so a user's own files in the directory are never touched;
+# in FIGURES only the figures tokenfield draws, see is_figure).
+DERIVED = (METRICS_JSON, FIGURES, PROJECTION_NPZ, THEORY_JSON, THEORY_HTML, FLOW_JSON, FLOW_HTML)
+# The figures tokenfield draws into RUN/figures, by name: each stem as .png and .svg
+# (tokenfield.viz.run_figures, tokenfield.viz.simulation), the animations, and the
+# lens's theory_<section>.png/.svg (tokenfield.viz.theory, tokenfield.viz.flow).
+FIGURE_STEMS = (
+    "trajectories",
+    "pcs_vs_layer",
+    "speed",
+    "separation",
+    "centroid_distances",
+    "trajectories_per_layer",
+    "trajectories_baseline",
+    "simulation_clusters_energy",
+    "simulation_particles",
+)
+FIGURE_ANIMATIONS = ("thought_evolution.gif", "simulation_particles.gif")
+LENS_FIGURE_PREFIX = "theory_"
+
+
+def is_figure(name: str) -> bool:
+    """Whether ``name`` (a file in RUN/figures) is a figure tokenfield draws."""
+    if name in FIGURE_ANIMATIONS:
+        return True
+    stem, _dot, suffix = name.rpartition(".")
+    if suffix not in ("png", "svg"):
+        return False
+    lens = stem.removeprefix(LENS_FIGURE_PREFIX)
+    return stem in FIGURE_STEMS or (
+        stem.startswith(LENS_FIGURE_PREFIX) and lens.replace("_", "").isalnum()
+    )
+
+
+def figures_dir(run: str | Path, *, create: bool = True) -> Path:
+    """``RUN/figures``, checked to be a real directory inside the run (created when
+    missing, with ``create``): figures are never written through a symbolic link
+    into another directory.
+
+    Raises:
+        UserError: it is a symbolic link, or something other than a directory.
+    """
+    folder = Path(run) / FIGURES
+    if folder.is_symlink():
+        raise UserError(
+            f"'{folder}' is a symbolic link (to '{os.readlink(folder)}'); tokenfield "
+            "writes figures only inside the run, never through a link",
+            f"remove the link '{folder}' (its target is left alone), then run again",
+        )
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"'{folder}' is not a directory", "remove or rename it, then run again")
+    if create:
+        folder.mkdir(exist_ok=True)
+    return folder
+
+
 CONFIG_ATTR = "tokenfield_config"
+
+# The layout of run.json and the store. A run written with a newer format (by a
+# newer tokenfield) is refused rather than misread.
+RUN_FORMAT = 1
+
+# What this process's writers did, for the line an interrupted command prints
+# (tokenfield.cli): runs finished, and runs left partial (resumable).
+_WRITE_LOG: dict[str, list[Path]] = {"finished": [], "partial": []}
+
+
+def reset_write_log() -> None:
+    for paths in _WRITE_LOG.values():
+        paths.clear()
+
+
+def _log_write(path: Path, state: str) -> None:
+    for paths in _WRITE_LOG.values():
+        if path in paths:
+            paths.remove(path)
+    _WRITE_LOG[state].append(path)
+
+
+def interrupted_line() -> str:
+    """What to tell a user whose command was interrupted: resume, unless every run
+    it wrote was already complete (then there is nothing to resume)."""
+    if _WRITE_LOG["finished"] and not _WRITE_LOG["partial"]:
+        shown = ", ".join(f"'{p}'" for p in _WRITE_LOG["finished"])
+        return f"tokenfield: interrupted after {shown} was complete; nothing to resume."
+    return "tokenfield: interrupted; run the same command again to resume."
+
 
 RunKind = Literal["trace", "simulation"]
 KINDS = ("trace", "simulation")
@@ -94,6 +185,7 @@ class RunInfo:
             "kind": self.kind,
             "status": self.status,
             "tokenfield_version": self.version,
+            "format": RUN_FORMAT,
             "config": self.config,
             "progress": self.progress,
             **({"all_chunks_written": True} if self.all_chunks else {}),
@@ -101,6 +193,52 @@ class RunInfo:
         }
 
     to_json = to_dict  # the old name of the one serialisation verb
+
+
+def overwrite_plan(path: Path) -> list[Path]:
+    """What ``--overwrite`` deletes in the run directory ``path``, in order: the
+    figures tokenfield drew (by name), the derived files, the store, then
+    run.json. Nothing else (a user's files stay, in ``figures/`` too).
+
+    Raises:
+        UserError: before anything is deleted, when one of those names is a
+            symbolic link (it is never followed out of the run) or cannot be
+            deleted.
+    """
+    plan: list[Path] = []
+    for name in (*DERIVED, TRAJECTORY, RUN_JSON):
+        target = path / name
+        if target.is_symlink():
+            raise UserError(
+                f"'{target}' is a symbolic link; --overwrite deletes only tokenfield's own "
+                "files and never follows a link out of the run (nothing was deleted)",
+                f"remove the link '{target}' (its target is left alone), then run again",
+            )
+        if not target.exists():
+            continue
+        if name == FIGURES and target.is_dir():
+            plan += [f for f in sorted(target.iterdir()) if is_figure(f.name) and not f.is_dir()]
+        elif name != TRAJECTORY and target.is_dir():
+            raise UserError(
+                f"'{target}' is a directory, not the file tokenfield writes there "
+                "(nothing was deleted)",
+                "move it out of the run, then run again",
+            )
+        plan.append(target)
+    for folder in {p.parent for p in plan}:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UserError(
+                f"cannot delete files in '{folder}' (not writable; nothing was deleted)",
+                "make it writable (chmod u+w), or choose another --out",
+            )
+    return plan
+
+
+def _looks_like_run(path: Path) -> bool:
+    """A directory tokenfield wrote, even with run.json damaged or missing: its
+    store is there, or its run.json and nothing but tokenfield's names."""
+    names = set(_user_files(path))
+    return TRAJECTORY in names or (RUN_JSON in names and names <= {TRAJECTORY, RUN_JSON, *DERIVED})
 
 
 def _user_files(path: Path) -> list[str]:
@@ -157,8 +295,16 @@ def read_run_info(path: str | Path) -> RunInfo:
     progress = data.get("progress", {})
     if not isinstance(progress, dict):
         problems.append(f"'progress' is a {type(progress).__name__}, not an object")
+    else:
+        for key in ("done", "size", "batch_size"):
+            value = progress.get(key)
+            if key in progress and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
+                problems.append(f"progress '{key}' is {value!r}, not a count")
     if problems:
         raise UserError(f"'{meta}' is damaged ({'; '.join(problems)})", fix)
+    _check_format(meta, data)
     return RunInfo(
         path=path,
         kind=data["kind"],
@@ -169,6 +315,103 @@ def read_run_info(path: str | Path) -> RunInfo:
         all_chunks=data.get("all_chunks_written") is True,
         weights_sha256=data.get("weights_sha256") or None,
     )
+
+
+def _version_tuple(text: str) -> tuple[int, ...] | None:
+    import re
+
+    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    return tuple(int(g or 0) for g in match.groups()) if match else None
+
+
+def _check_format(meta: Path, data: dict[str, Any]) -> None:
+    """Refuse a run.json from the future: a format newer than this tokenfield's, or
+    (runs without the field predate it) a tokenfield version newer than this one."""
+    fix = (
+        f"read it with the tokenfield that wrote it (this is {__version__}), "
+        "or re-create the run with --overwrite"
+    )
+    fmt = data.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+            raise UserError(
+                f"'{meta}' is damaged (format {fmt!r})",
+                "re-create the run with --overwrite (run.json is written by tokenfield only)",
+            )
+        if fmt > RUN_FORMAT:
+            raise UserError(
+                f"'{meta}' has run format {fmt}, newer than this tokenfield reads ({RUN_FORMAT})",
+                fix,
+            )
+        return
+    written, ours = (
+        _version_tuple(str(data.get("tokenfield_version", ""))),
+        _version_tuple(__version__),
+    )
+    if written is not None and ours is not None and written > ours:
+        raise UserError(
+            f"'{meta}' was written by tokenfield {data['tokenfield_version']}, newer than this one",
+            fix,
+        )
+
+
+def check_against_store(info: RunInfo, ds: xr.Dataset) -> None:
+    """Raise :class:`UserError` when ``run.json`` disagrees with the store it
+    describes: its progress (``size`` against the stored rows; a trace's ``done``
+    against its prompts), its status (a complete trace holds every prompt of its
+    config) or its model (``d_model`` against the states' features).
+
+    ``run.json`` is only written by tokenfield, so a disagreement means it was
+    edited or damaged; believing it would give silently wrong results.
+    """
+    meta = info.path / RUN_JSON
+    fix = "re-create the run with the same command and --overwrite"
+    dim = "particle" if info.kind == "trace" else "time"
+    if "states" not in ds or dim not in ds.sizes:
+        return
+    rows = int(ds.sizes[dim])
+    size, done = info.progress.get("size"), info.progress.get("done")
+    parallel = "shards" in info.progress  # a parallel trace allocates every row up front
+
+    def refuse(what: str) -> None:
+        raise UserError(f"'{meta}' does not match its store: {what}", fix)
+
+    if size is not None and (size != rows if info.complete else size > rows):
+        refuse(f"progress size = {size}, but {TRAJECTORY} holds {rows} {dim}s")
+    model = info.config.get("model")
+    d_model = model.get("d_model") if isinstance(model, dict) else None
+    features = int(ds.sizes.get("feature", -1))
+    if info.kind == "trace" and isinstance(d_model, int) and features not in (-1, d_model):
+        refuse(f"the model has d = {d_model}, the states have {features} features")
+    if info.kind != "trace" or "prompt_index" not in ds.coords:
+        if info.kind == "simulation" and info.complete and done is not None and done != rows:
+            refuse(f"progress done = {done} saved times, but {TRAJECTORY} holds {rows}")
+        return
+    index = np.asarray(ds["prompt_index"].values)
+    prompts = info.config.get("prompts")
+    if info.complete:
+        stored = int(np.unique(index).size)
+        if isinstance(prompts, list) and stored != len(prompts):
+            refuse(f"it is marked complete, but holds {stored} of its {len(prompts)} prompts")
+        if done is not None and done != stored:
+            refuse(f"progress done = {done} prompts, but {TRAJECTORY} holds {stored}")
+    if not parallel and size is not None and done is not None:
+        _check_prefix(index[:size], done, refuse)
+
+
+def _check_prefix(index: np.ndarray, done: int, refuse: Any) -> None:
+    """A trace's first ``size`` rows hold exactly prompts ``0 .. done - 1``, in order."""
+    ok = index.size == 0 and done == 0
+    if index.size:
+        ok = (
+            bool(np.all(np.diff(index) >= 0))
+            and int(index[0]) == 0
+            and int(index[-1]) == done - 1
+            and np.unique(index).size == done
+        )
+    if not ok:
+        held = int(np.unique(index).size)
+        refuse(f"progress says {done} prompts in {index.size} rows; those rows hold {held}")
 
 
 def _runs_inside(path: Path) -> list[str]:
@@ -191,6 +434,8 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
         raise UserError(
             f"run '{path}' is partial (interrupted)",
             "re-run the command that made it to resume, or pass allow_partial=True",
+            cli_fix="run the command that made it (tokenfield trace or simulate with the "
+            "same arguments) again to finish it",
         )
     store = Path(path) / TRAJECTORY
     if not store.exists():
@@ -198,26 +443,71 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     check_object_codecs(path)  # a Zarr v2 pickle (or other object) codec: one line
     if info.complete and info.all_chunks:
         check_chunks(path)
-    with warnings.catch_warnings():
+    # Every chunk read goes through this getter: a chunk whose checksum does not
+    # match (or that does not decode) is one line naming the run, whenever the lazy
+    # states are read (analyze, report, lens, a library caller's .load()).
+    reading = {"from_array_kwargs": {"getitem": _ChunkGetter(str(path))}}
+    with warnings.catch_warnings(), _read_errors(path):
         warnings.simplefilter("ignore")
         ds = None
         if info.complete:  # finish() consolidated the metadata: one read instead of one per array
             with contextlib.suppress(Exception):
-                ds = xr.open_zarr(store, consolidated=True)
+                ds = xr.open_zarr(store, consolidated=True, **reading)
         if ds is None:
-            ds = xr.open_zarr(store, consolidated=False)
-    # Coordinates (labels, prompts, tokens) are small: load them so that they are
-    # plain numpy arrays; the states stay lazy.
-    # One dask compute for all of them, set in place (no re-alignment per coordinate).
-    lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
-    if lazy:
-        import dask
+            ds = xr.open_zarr(store, consolidated=False, **reading)
+        # Coordinates (labels, prompts, tokens) are small: load them so that they are
+        # plain numpy arrays; the states stay lazy.
+        # One dask compute for all of them, set in place (no re-alignment per coordinate).
+        lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
+        if lazy:
+            import dask
 
-        values = dask.compute(*(ds.variables[name].data for name in lazy))
-        for name, value in zip(lazy, values, strict=True):
-            ds.variables[name].data = np.asarray(value)
+            values = dask.compute(*(ds.variables[name].data for name in lazy))
+            for name, value in zip(lazy, values, strict=True):
+                ds.variables[name].data = np.asarray(value)
+    check_against_store(info, ds)
     ds.attrs["run"] = info.to_dict()
     return ds
+
+
+def _damaged(path: str | Path, exc: BaseException, what: str = "a damaged chunk in") -> UserError:
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    return UserError(
+        f"run '{path}' has {what} {TRAJECTORY} ({type(exc).__name__}: {detail})",
+        "re-create the run with the same command (trace or simulate) and --overwrite",
+    )
+
+
+class _ChunkGetter:
+    """``dask.array.from_array``'s ``getitem`` for a run's arrays: the usual getter,
+    with a chunk that fails to read or decode (checksum mismatch, garbage,
+    truncation) turned into :class:`UserError` naming the run. A class, not a
+    closure, so that a dask graph holding it can be pickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, a: Any, b: Any, asarray: bool = True, lock: Any = None) -> Any:
+        from dask.array.core import getter
+
+        try:
+            return getter(a, b, asarray=asarray, lock=lock)
+        except (UserError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - codecs report damage in many types
+            raise _damaged(self.path, exc) from None
+
+
+@contextlib.contextmanager
+def _read_errors(path: str | Path):
+    """Damage found while opening the store (its index coordinates are read at
+    once, not through the getter) is one line too."""
+    try:
+        yield
+    except (UserError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _damaged(path, exc, "a damaged") from None
 
 
 def _feature_dim(info: RunInfo) -> int | None:
@@ -457,6 +747,17 @@ class RunWriter:
     def _open(
         self, kind: RunKind, overwrite: bool, batch_size: int | None, weights: str | None
     ) -> None:
+        replaced = False
+        if overwrite and (is_run(self.path) or _looks_like_run(self.path)):
+            # --overwrite replaces tokenfield's run even when its run.json is
+            # damaged or missing (nothing else could repair it)
+            try:
+                read_run_info(self.path)
+            except UserError:
+                if not _looks_like_run(self.path):
+                    raise
+                self._clear()
+                replaced = True
         existing = read_run_info(self.path) if is_run(self.path) else None
         if existing is not None and not overwrite and existing.config != self.config:
             changed = sorted(
@@ -471,7 +772,12 @@ class RunWriter:
             )
         if existing is not None and not overwrite and existing.kind != kind:
             raise UserError(f"'{self.path}' holds a {existing.kind} run", "choose another --out")
-        if existing is None and _user_files(self.path):
+        if existing is None and not replaced and _looks_like_run(self.path):
+            raise UserError(
+                f"'{self.path}' holds a tokenfield run without its {RUN_JSON} (damaged)",
+                "pass --overwrite to replace it, or choose another --out",
+            )
+        if existing is None and not replaced and _user_files(self.path):
             raise UserError(
                 f"output directory '{self.path}' exists and is not a tokenfield run"
                 + (" (--overwrite only replaces runs)" if overwrite else ""),
@@ -528,6 +834,7 @@ class RunWriter:
             self.info = existing
             if not existing.complete:
                 self._check_store_writable()
+                self._check_resume()
                 self._trim_to_progress()
 
     def close(self) -> None:
@@ -547,6 +854,9 @@ class RunWriter:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
+            info = getattr(self, "info", None)  # None: refused before opening the run
+            if info is not None and not getattr(self, "_abandoned", False):
+                _log_write(self.path, "finished" if info.complete else "partial")
 
     def __enter__(self) -> RunWriter:
         return self
@@ -568,11 +878,18 @@ class RunWriter:
         return self.info.complete
 
     def _clear(self) -> None:
-        for name in (TRAJECTORY, RUN_JSON, *DERIVED):
-            target = self.path / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
+        """Delete this run's files, by name: everything is checked before anything is
+        deleted, and run.json goes last (an interrupted clear leaves a run that
+        ``--overwrite`` clears again, not a directory it refuses)."""
+        plan = overwrite_plan(self.path)
+        for target in plan:
+            if target.is_dir() and not target.is_symlink():
+                if target.name == FIGURES:
+                    with contextlib.suppress(OSError):  # kept when the user's files remain
+                        target.rmdir()
+                else:
+                    shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
                 target.unlink()
 
     def _check_store_writable(self) -> None:
@@ -586,6 +903,43 @@ class RunWriter:
                         f"cannot resume '{self.path}': '{entry}' is read-only",
                         "make the run writable again (chmod -R u+w), or choose another --out",
                     )
+
+    def _check_resume(self) -> None:
+        """Refuse to resume when run.json's progress disagrees with the store: a
+        resume trusts ``done`` (the prompts to skip) and ``size`` (the rows to keep)."""
+        import zarr
+
+        size, done = self.info.progress.get("size", 0), self.info.progress.get("done", 0)
+        if not self.store.exists() or "shards" in self.info.progress or not size:
+            return
+        meta = self.path / RUN_JSON
+
+        def refuse(what: str) -> None:
+            raise UserError(
+                f"'{meta}' does not match its store: {what}",
+                "pass --overwrite to start again, or choose another --out",
+            )
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                group = zarr.open_group(str(self.store), mode="r")
+                rows = int(group["states"].shape[0 if self.append_dim == "time" else 1])
+                index = (
+                    np.asarray(group["prompt_index"][:size])
+                    if self.info.kind == "trace" and "prompt_index" in group
+                    else None
+                )
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store damaged in any way
+            raise _damaged(self.path, exc, "a damaged") from None
+        if size > rows:
+            refuse(f"progress size = {size}, but {TRAJECTORY} holds {rows} rows")
+        if index is not None:
+            _check_prefix(index, done, refuse)
+        elif self.info.kind == "simulation" and done != size:
+            refuse(f"progress done = {done} saved times, size = {size}")
 
     def _trim_to_progress(self) -> None:
         """Drop rows written after the last recorded progress (a kill mid-append)."""
@@ -682,16 +1036,13 @@ class RunWriter:
                     row_bytes = var.dtype.itemsize * var.size // max(1, var.sizes[self.append_dim])
                     return max(1, min(chunk, CHUNK_BYTES // max(1, row_bytes)))
 
-                encoding = {
-                    name: {
-                        "chunks": tuple(
+                encoding = store_encoding(merged)
+                for name, var in merged.variables.items():
+                    if self.append_dim in var.dims:
+                        encoding[name]["chunks"] = tuple(
                             rows(var) if dim == self.append_dim else size
                             for dim, size in zip(var.dims, var.shape, strict=True)
                         )
-                    }
-                    for name, var in merged.variables.items()
-                    if self.append_dim in var.dims
-                }
                 merged.to_zarr(
                     self.store,
                     mode="w",
@@ -734,7 +1085,13 @@ class RunWriter:
         self._wait()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            variables.to_zarr(self.store, mode="a", consolidated=False, write_empty_chunks=True)
+            variables.to_zarr(
+                self.store,
+                mode="a",
+                consolidated=False,
+                write_empty_chunks=True,
+                encoding=store_encoding(variables),
+            )
         if self.complete:
             self._consolidate()
 
@@ -756,6 +1113,7 @@ class RunWriter:
         self.info.status = "complete"
         self.info.progress = {**self.info.progress, **progress}
         write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
+        _log_write(self.path, "finished")
         self.close()
 
     def abandon(self) -> None:
@@ -768,7 +1126,24 @@ class RunWriter:
         self._pending = []
         if self._created:
             self._clear()
+        self._abandoned = True
         self.close()
+
+
+def checksummed() -> tuple[Any, ...]:
+    """The compressors of every array tokenfield writes into a run's store: Zstandard
+    with its frame checksum (an xxHash64 of each chunk's content, checked on every
+    read), so a damaged chunk is an error instead of silently wrong numbers. A
+    standard Zarr v3 codec: plain ``xarray.open_zarr`` reads it."""
+    from zarr.codecs import ZstdCodec
+
+    return (ZstdCodec(level=0, checksum=True),)
+
+
+def store_encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
+    """Zarr encoding for every variable of ``ds`` (its compressors; see
+    :func:`checksummed`), to pass to ``to_zarr`` when the arrays are created."""
+    return {name: {"compressors": checksummed()} for name in ds.variables}
 
 
 def concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:

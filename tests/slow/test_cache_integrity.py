@@ -10,6 +10,7 @@ line saying so, and the traced states must equal those of the clean cache.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -72,3 +73,36 @@ def test_a_damaged_cache_entry_is_rebuilt_never_used(clean, damage, capsys, tmp_
     run_json = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run_json["weights_sha256"] == weights_sha256  # the verified weights it used
     assert load_module.verify_entry(entry)[0] is not None
+
+
+def test_a_memo_giving_smollm2_gemmas_hash_still_loads_smollm2(tmp_path, monkeypatch, capsys):
+    """Issue 21 item 2 with the real models: in a copy of the cache (hard links, so
+    cheap), SmolLM2's GGUF memo entry is set to Gemma's hash; SmolLM2 still loads
+    SmolLM2 (d = 576), never Gemma's states."""
+    import shutil
+    import subprocess
+
+    from tokenfield.models import sources
+
+    real = sources.cache_root()
+    copy = tmp_path / "cache"
+    if real.is_dir():
+        subprocess.run(["cp", "-al", str(real), str(copy)], check=True)
+    monkeypatch.setenv("TOKENFIELD_CACHE", str(copy))
+    smol_dir, smol_hash, _name, smol_weights = sources.resolve_source("smollm2")
+    _dir, gemma_hash, _name, _weights = sources.resolve_source("gemma3-270m")
+    memo_file = copy / "hashes.json"
+    memo = json.loads(memo_file.read_text())
+    keys = [k for k, v in memo.items() if v == smol_hash]
+    assert keys, memo
+    for key in keys:
+        memo[key] = gemma_hash
+    memo_file.write_text(json.dumps(memo))
+    capsys.readouterr()
+    loaded = tf.load_model("smollm2")
+    assert "hash memo" in capsys.readouterr().err
+    assert loaded.d_model == 576 and loaded.model.config.model_type == "llama"
+    assert loaded.weights_sha256 == smol_weights
+    gguf = Path(sources._read_source(smol_dir)["gguf"])
+    assert sources._file_hash(gguf) == smol_hash  # the memo is repaired
+    shutil.rmtree(copy)

@@ -131,6 +131,9 @@ def write_run(path: Path, ds: xr.Dataset, kind: str = "trace") -> Path:
     writer = RunWriter(path, kind, config, append_dim=append_dim)
     piece = ds.copy()
     piece.attrs = {}
-    writer.append(piece, done=int(ds.sizes[append_dim]))
+    done = int(ds.sizes[append_dim])  # units of work: saved times, or a trace's prompts
+    if kind == "trace" and "prompt_index" in ds.coords:
+        done = int(np.unique(ds["prompt_index"].values).size)
+    writer.append(piece, done=done)
     writer.finish()
     return path

@@ -41,6 +41,7 @@ import xarray as xr
 
 from tokenfield.analysis.clusters import cluster_count
 from tokenfield.analysis.effective_beta import attention_field, effective_beta
+from tokenfield.runs import FLOW_HTML, FLOW_JSON
 
 __all__ = ["AttentionFlow", "FLOW_FIGURE", "FLOW_HTML", "FLOW_JSON", "GRAM_COS", "VARIANTS"]
 
@@ -165,8 +166,6 @@ def _measure(
     return clusters.mean(0), cosine.mean(0), rank.mean(0), distance.mean(0)
 
 
-FLOW_JSON = "flow.json"
-FLOW_HTML = "flow.html"
 FLOW_FIGURE = "theory_flow.png"
 
 

@@ -34,8 +34,7 @@ import xarray as xr
 
 from tokenfield._io import atomic_path
 from tokenfield.errors import UserError
-
-PROJECTION_NPZ = "projection.npz"
+from tokenfield.runs import PROJECTION_NPZ
 
 
 @dataclass(frozen=True)

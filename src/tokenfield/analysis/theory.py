@@ -42,13 +42,11 @@ from tokenfield.analysis.probes import (
     pooled_features,
     probe_accuracy,
 )
+from tokenfield.runs import THEORY_HTML, THEORY_JSON
 
 __all__ = ["THEORY_HTML", "THEORY_JSON", "SimulatedClouds", "TheoryLens"]
 
 _MOVED = ("model_of_run", "simulate_from_run", "theory_lens", "write_theory")
-
-THEORY_JSON = "theory.json"
-THEORY_HTML = "theory.html"
 
 
 @dataclass(frozen=True)

@@ -69,20 +69,21 @@ def main(argv: list[str] | None = None) -> None:
     Exit status: 0 done, 2 a user error (one line on stderr), 130 / 143
     interrupted by SIGINT (Ctrl-C) / SIGTERM (one line saying how to resume).
     """
-    from tokenfield import _lock
+    from tokenfield import _lock, runs
 
+    runs.reset_write_log()
     previous = _install_signal_handlers()
     try:
         code = app(args=argv, standalone_mode=False, prog_name="tokenfield")
         if isinstance(code, int) and not isinstance(code, bool) and code == 130:
             # typer's own KeyboardInterrupt path (an interrupt outside our handler).
-            print(RESUME_LINE, file=sys.stderr)
+            print(runs.interrupted_line(), file=sys.stderr)
             sys.exit(130)
     except Interrupted as exc:
-        print(RESUME_LINE, file=sys.stderr)
+        print(runs.interrupted_line(), file=sys.stderr)
         sys.exit(128 + exc.signum)
     except KeyboardInterrupt:
-        print(RESUME_LINE, file=sys.stderr)
+        print(runs.interrupted_line(), file=sys.stderr)
         sys.exit(130)
     except UserError as exc:
         # A library error names its parameter ("beta"); here it names the flag ("--beta").

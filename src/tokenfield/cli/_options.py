@@ -78,6 +78,8 @@ def user_error(exc: UserError) -> UserError:
     their flags (``beta must be finite`` -> ``--beta must be finite``)."""
     if isinstance(exc, ParameterError):
         return exc.named(flag_for(exc.param))
+    if exc.cli_fix:
+        return UserError(exc.problem, exc.cli_fix)
     return exc
 
 

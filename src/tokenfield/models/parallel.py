@@ -456,7 +456,7 @@ def trace_parallel(
     from tokenfield._progress import ProgressBar
     from tokenfield.models.trace import build_config, check_model_options, encode_prompts
     from tokenfield.prompts import load_prompts
-    from tokenfield.runs import TRAJECTORY, RunWriter, open_run, write_json_atomic
+    from tokenfield.runs import TRAJECTORY, RunWriter, checksummed, open_run, write_json_atomic
 
     check_workers(workers, scheduler)
     if options.get("generate"):
@@ -533,6 +533,8 @@ def trace_parallel(
             template.attrs = {"tokenfield_config": writer_config_json(writer), "kind": "trace"}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                for variable in template.variables.values():
+                    variable.encoding["compressors"] = checksummed()  # chunk checksums
                 template.to_zarr(store, mode="w", compute=False, consolidated=False)
             finished = set()
         plan = [asdict(s) for s in shards]

@@ -150,8 +150,7 @@ def resolve_source(spec: str) -> tuple[Path, str, str] | tuple[Path, str, str, s
     if spec.lower().endswith(".gguf"):
         if not path.is_file():
             raise UserError(f"GGUF file '{spec}' does not exist", "check the path")
-        file_hash = _file_hash(path)
-        directory, weights = _dequantised_dir(path, file_hash)
+        directory, file_hash, weights = _gguf_entry(path)
         return directory, file_hash, spec, "sha256:" + weights
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -196,8 +195,7 @@ def _resolve_bundled(bundled: BundledModel) -> tuple[Path, str, str] | tuple[Pat
                 soft_wrap=True,
             )
             gguf = _assemble(bundled, gguf)
-    file_hash = _file_hash(gguf)
-    directory, weights = _dequantised_dir(gguf, file_hash)
+    directory, file_hash, weights = _gguf_entry(gguf)
     return directory, file_hash, bundled.name, "sha256:" + weights
 
 
@@ -234,23 +232,25 @@ def auto_class(family: Family) -> Any:
     return AutoModelForCausalLM if family.causal else AutoModel
 
 
-def _file_hash(path: Path) -> str:
-    """SHA-256 of a file, memoised by (path, size, mtime) in the cache directory."""
+def _file_hash(path: Path, *, fresh: bool = False) -> str:
+    """SHA-256 of a file, memoised by (path, size, mtime, inode) in the cache directory.
+
+    The memo (``hashes.json``) is a speed-up, not a source of truth: whoever can
+    write the cache can edit it, so :func:`_gguf_entry` checks a memoised hash
+    against the cache entry it selects (the entry's own record of its source) and
+    calls this with ``fresh=True`` (hash the file, rewrite the memo) when they
+    disagree."""
     stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
     memo_file = cache_root() / "hashes.json"
     memo: dict[str, str] = {}
     with contextlib.suppress(OSError, ValueError):  # a damaged memo is only a miss
         loaded = json.loads(memo_file.read_text())
         if isinstance(loaded, dict):
             memo = {k: v for k, v in loaded.items() if isinstance(v, str)}
-    if str(memo.get(key, "")).startswith("sha256:") and len(memo[key]) == 71:
+    if not fresh and str(memo.get(key, "")).startswith("sha256:") and len(memo[key]) == 71:
         return memo[key]
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    value = "sha256:" + digest.hexdigest()
+    value = "sha256:" + _sha256(path)
     memo[key] = value
     with contextlib.suppress(OSError):
         from tokenfield.runs import write_json_atomic
@@ -356,9 +356,90 @@ def _build_lock(path: Path):
         os.close(fd)
 
 
+SOURCE_RECORD = "tokenfield-source.json"  # in each entry: the GGUF it was built from
+
+
+def _source_identity(gguf: Path) -> dict[str, Any]:
+    """What identifies the GGUF file an entry was built from, besides its hash."""
+    stat = gguf.stat()
+    return {
+        "gguf": str(gguf.resolve()),
+        "size": stat.st_size,
+        "inode": stat.st_ino,
+        "mtime_ns": stat.st_mtime_ns,
+    }
+
+
+def _read_source(target: Path) -> dict[str, Any]:
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads((target / SOURCE_RECORD).read_text())
+        if isinstance(record, dict):
+            return record
+    return {}
+
+
+def _source_matches(record: dict[str, Any], gguf: Path, file_hash: str) -> bool:
+    """The entry says it was built from this very file (path, size, inode, mtime)
+    with this hash."""
+    if record.get("hash") != file_hash:
+        return False
+    identity = _source_identity(gguf)
+    return all(record.get(k) == v for k, v in identity.items())
+
+
+def _record_source(target: Path, gguf: Path, file_hash: str) -> None:
+    """Point an entry's source record at ``gguf`` (whose content was just hashed
+    to the entry's hash), so that the next load need not hash the GGUF again.
+
+    Entries are never edited in place (a reader checking the manifest meanwhile
+    would find a mismatch): a new directory of hard links with the new record and
+    manifest replaces the old one in two renames, under the build lock, as a
+    rebuild does. Best effort: a read-only cache only costs a hash per load."""
+    tmp = target.with_name(f".{target.name}.relabel-{os.getpid()}")
+    trash = target.with_name(f".{target.name}.old-{os.getpid()}")
+    with contextlib.suppress(OSError), _build_lock(target.parent / f".{target.name}.lock"):
+        hashes, _problem = verify_entry(target)
+        if hashes is None or _read_source(target).get("hash") != file_hash:
+            return
+        try:
+            tmp.mkdir()
+            for name in hashes:
+                if name != SOURCE_RECORD:
+                    os.link(target / name, tmp / name)
+            (tmp / SOURCE_RECORD).write_text(
+                json.dumps({**_source_identity(gguf), "hash": file_hash}, indent=2)
+            )
+            from tokenfield.runs import write_json_atomic
+
+            write_json_atomic(
+                tmp / MANIFEST,
+                {"sha256": {**hashes, SOURCE_RECORD: _sha256(tmp / SOURCE_RECORD)}},
+            )
+            os.replace(target, trash)
+            os.replace(tmp, target)
+        finally:
+            for leftover in (tmp, trash):
+                if leftover.exists():
+                    shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _entry_path(file_hash: str) -> Path:
+    key = file_hash.split(":")[-1][:24]
+    return cache_root() / "dequantised" / f"{key}-{CACHE_LAYOUT}"
+
+
 def _dequantised_dir(gguf: Path, file_hash: str | None = None) -> tuple[Path, str]:
     """A plain Hugging Face directory holding the dequantised GGUF weights, and the
-    SHA-256 of its weights file.
+    SHA-256 of its weights file (see :func:`_gguf_entry`)."""
+    target, _file_hash_, weights = _gguf_entry(gguf, file_hash)
+    return target, weights
+
+
+def _gguf_entry(
+    gguf: Path, file_hash: str | None = None, *, verified: bool = False
+) -> tuple[Path, str, str]:
+    """The cache entry of ``gguf``: ``(directory, the GGUF's hash, the SHA-256 of
+    the entry's weights file)``.
 
     Built once (15-45 s) and cached by the GGUF file's hash. The build writes to a
     temporary directory, records the SHA-256 of every file in
@@ -368,19 +449,45 @@ def _dequantised_dir(gguf: Path, file_hash: str | None = None) -> tuple[Path, st
     does not match, or has no manifest, is rebuilt from the GGUF with one line
     on stderr saying so. A cache that cannot lie: damaged weights never reach a
     run.
+
+    The GGUF's hash comes from the memo (``hashes.json``) when it has one. The
+    entry it selects must say it was built from this file (its
+    ``tokenfield-source.json``: path, size, inode, mtime and hash); otherwise the
+    GGUF is hashed again, and a memo that named another file's hash (an edited
+    or stale memo) is replaced by the true one: another model's entry is never
+    used. An entry is only ever built under a freshly computed hash
+    (``verified``: ``file_hash`` was just computed from the file).
     """
     file_hash = file_hash or _file_hash(gguf)
-    key = file_hash.split(":")[-1][:24]
-    target = cache_root() / "dequantised" / f"{key}-{CACHE_LAYOUT}"
+    target = _entry_path(file_hash)
     hashes, problem = verify_entry(target)
     if hashes is not None:
-        return target, hashes["model.safetensors"]
+        record = _read_source(target)
+        if _source_matches(record, gguf, file_hash):
+            return target, file_hash, hashes["model.safetensors"]
+        if not verified:
+            actual = _file_hash(gguf, fresh=True)
+            if actual != file_hash:
+                _say_memo_lied(gguf, target)
+            return _gguf_entry(gguf, actual, verified=True)
+        if record.get("hash") == file_hash:
+            # built from the same content at another path (a copied cache, a moved
+            # file): the entry is right for this file; remember where it is now
+            _record_source(target, gguf, file_hash)
+            return target, file_hash, hashes["model.safetensors"]
+        problem = f"its {SOURCE_RECORD} names another source"
+    if not verified:  # never build (or reuse a concurrent build) under a memoised hash
+        actual = _file_hash(gguf, fresh=True)
+        if actual != file_hash:
+            _say_memo_lied(gguf, target)
+        return _gguf_entry(gguf, actual, verified=True)
     _writable_cache(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(target.parent / f".{target.name}.lock"):
-        hashes, problem = verify_entry(target)  # another process may have built it
-        if hashes is not None:
-            return target, hashes["model.safetensors"]
+        hashes, again = verify_entry(target)  # another process may have built it
+        if hashes is not None and _read_source(target).get("hash") == file_hash:
+            return target, file_hash, hashes["model.safetensors"]
+        problem = again or problem
         from rich.console import Console
 
         console = Console(stderr=True)
@@ -404,7 +511,19 @@ def _dequantised_dir(gguf: Path, file_hash: str | None = None) -> tuple[Path, st
                 f"the model cache entry {target} cannot be written correctly ({problem})",
                 "check the disk, or set TOKENFIELD_CACHE to another directory",
             )
-        return target, hashes["model.safetensors"]
+        return target, file_hash, hashes["model.safetensors"]
+
+
+def _say_memo_lied(gguf: Path, target: Path) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(
+        f"tokenfield: the cache's hash memo (hashes.json) gave {gguf.name} the hash of "
+        f"another file ({target.name}); using its real hash",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
 
 
 def _build_entry(gguf: Path, file_hash: str, target: Path) -> None:
@@ -424,22 +543,32 @@ def _build_entry(gguf: Path, file_hash: str, target: Path) -> None:
         missing = [k for k in missing if "rotary" not in k]
         if missing or unexpected:
             raise RuntimeError(f"GGUF weights do not fit the config: {missing} {unexpected}")
-        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-        trash = target.with_name(f".{target.name}.damaged-{os.getpid()}")
-        try:
-            plain.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / "tokenfield-source.json").write_text(
-                json.dumps({"gguf": str(gguf), "hash": file_hash}, indent=2)
-            )
-            write_manifest(tmp)
-            if target.exists():
-                os.replace(target, trash)  # out of the way in one step, then delete
-            os.replace(tmp, target)
-        finally:
-            for leftover in (tmp, trash):
-                if leftover.exists():
-                    shutil.rmtree(leftover, ignore_errors=True)
+
+        def save(directory: Path) -> None:
+            plain.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+
+        _install_entry(gguf, file_hash, target, save)
+
+
+def _install_entry(gguf: Path, file_hash: str, target: Path, save: Any) -> None:
+    """Write an entry with ``save(directory)``, its source record and its manifest
+    (last) into a temporary directory, then rename it to ``target`` in one step."""
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    trash = target.with_name(f".{target.name}.damaged-{os.getpid()}")
+    try:
+        save(tmp)
+        (tmp / SOURCE_RECORD).write_text(
+            json.dumps({**_source_identity(gguf), "hash": file_hash}, indent=2)
+        )
+        write_manifest(tmp)
+        if target.exists():
+            os.replace(target, trash)  # out of the way in one step, then delete
+        os.replace(tmp, target)
+    finally:
+        for leftover in (tmp, trash):
+            if leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _hub_endpoint() -> str:

@@ -16,7 +16,7 @@ from tokenfield.analysis.projection import PROJECTION_NPZ
 from tokenfield.analysis.run_analysis import analyze
 from tokenfield.analysis.simulation import analyze_simulation
 from tokenfield.errors import UserError
-from tokenfield.runs import FIGURES, METRICS_JSON, open_run, write_json_atomic
+from tokenfield.runs import METRICS_JSON, figures_dir, open_run, write_json_atomic
 from tokenfield.viz import simulation as simulation_viz
 from tokenfield.viz import write_figures
 
@@ -49,6 +49,8 @@ def analyze_run(
     """
     path = Path(path)
     ds = open_run(path)
+    if figures:
+        figures_dir(path, create=False)  # a symlinked figures/ is refused before the work
     base_ds = open_run(baseline) if isinstance(baseline, (str, Path)) else baseline
     if n_permutations < 0:
         raise UserError(f"--permutations must be >= 0, got {n_permutations}", "use e.g. 200")
@@ -70,13 +72,12 @@ def analyze_run(
         metrics["baseline_run"] = str(baseline)
     written: list[str] = []
     if figures:
-        written = [str(p.relative_to(path)) for p in write_figures(result, path / FIGURES)]
+        folder = figures_dir(path)
+        written = [str(p.relative_to(path)) for p in write_figures(result, folder)]
         if result.simulation is not None:
             written += [
                 str(Path(p).relative_to(path))
-                for p in simulation_viz.write_simulation_figures(
-                    result.simulation, ds, path / FIGURES
-                )
+                for p in simulation_viz.write_simulation_figures(result.simulation, ds, folder)
             ]
     metrics["figures"] = written
     result.frame.save(path / PROJECTION_NPZ)

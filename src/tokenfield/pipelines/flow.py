@@ -215,12 +215,15 @@ def write_flow(run: Any, flow: AttentionFlow) -> Any:
     """Write ``RUN/flow.json``, the report fragment ``RUN/flow.html``
     (``tokenfield report --section RUN/flow.html``) and ``RUN/figures/theory_flow.png``."""
 
+    from tokenfield.runs import figures_dir
+
     run = Path(run)
+    figures_dir(run, create=False)  # a symlinked figures/ is refused before any write
     data = flow.to_dict()
     write_json_atomic(run / FLOW_JSON, data)
     buffer = io.BytesIO()
     plot_flow(flow).savefig(buffer, format="png", dpi=90)
-    (run / "figures").mkdir(exist_ok=True)
+    figures_dir(run)
     for name, content in ((Path("figures") / FLOW_FIGURE, buffer.getvalue()),
                           (Path(FLOW_HTML), f"<section>{flow_html_section(data, buffer.getvalue())}"
                                             "</section>\n".encode()),):  # fmt: skip

@@ -20,6 +20,7 @@ import base64
 import datetime as _dt
 import html
 import json
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -638,21 +639,38 @@ def unanalysed_runs(run_paths: Sequence[str | Path]) -> list[Path]:
 
 
 def _read_images(directory: Path) -> dict[str, tuple[str, bytes]]:
-    if not directory.is_dir():
+    """The figures in ``directory`` (a run's ``figures/``), never one reached
+    through a symbolic link (the directory itself or a file in it): the report
+    embeds only what lies inside the run."""
+    if directory.is_symlink() or not directory.is_dir():
         return {}
     found = {}
     for file in sorted(directory.iterdir()):
         if file.suffix in (".png", ".gif") and not file.name.startswith("."):
-            found[file.stem] = (
-                "image/png" if file.suffix == ".png" else "image/gif",
-                file.read_bytes(),
-            )
+            content = _read_regular(file)
+            if content is not None:
+                found[file.stem] = ("image/png" if file.suffix == ".png" else "image/gif", content)
     order = {name: i for i, name in enumerate(FIGURE_ORDER)}
 
     def rank(name: str) -> tuple[int, int, str]:  # the analysis's, then others, then the lens's
         return (name.startswith(THEORY_PREFIX), order.get(name, len(order)), name)
 
     return dict(sorted(found.items(), key=lambda item: rank(item[0])))
+
+
+def _read_regular(file: Path) -> bytes | None:
+    """The bytes of ``file`` if it is a regular file and not a symbolic link
+    (opened with ``O_NOFOLLOW``, so a link swapped in meanwhile is not followed)."""
+    import stat
+
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        return handle.read()
 
 
 def _figures(images: dict[str, tuple[str, bytes]]) -> str:

@@ -65,12 +65,23 @@ def time_label(kind: str) -> str:
 
 def save_figure(fig: Any, out_dir: str | Path, name: str, formats: Sequence[str] = FORMATS):
     """Save ``fig`` as ``out_dir/name.<fmt>`` for each format; returns the paths."""
+    from tokenfield._io import atomic_path
+    from tokenfield.errors import UserError
+
     out_dir = Path(out_dir)
+    if out_dir.is_symlink():  # never write through a link into another directory
+        raise UserError(
+            f"'{out_dir}' is a symbolic link; tokenfield does not write figures through it",
+            f"remove the link '{out_dir}' (its target is left alone), then run again",
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
         path = out_dir / f"{name}.{fmt}"
-        fig.savefig(path, format=fmt, dpi=DPI)
+        # through a new temporary file and a rename: a symlink at the figure's name
+        # is replaced, never written through, and a crash leaves no half figure
+        with atomic_path(path, f".{fmt}") as tmp:
+            fig.savefig(tmp, format=fmt, dpi=DPI)
         paths.append(path)
     return paths
 

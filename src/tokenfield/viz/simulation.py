@@ -130,10 +130,13 @@ def animate_particles(
         ax.set_title(f"t = {float(times[k]):.3g}")
         return []
 
+    from tokenfield._io import atomic_path
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     animation = FuncAnimation(fig, update, frames=len(frames), blit=False)
-    animation.save(path, writer=PillowWriter(fps=fps), dpi=80)
+    with atomic_path(path, ".gif") as tmp:
+        animation.save(tmp, writer=PillowWriter(fps=fps), dpi=80)
     return path
 
 
