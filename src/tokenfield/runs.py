@@ -628,7 +628,8 @@ def check_results_writable(run: str | Path, command: str) -> None:
     import tempfile
 
     run = Path(run)
-    for directory in (run, run / FIGURES):
+    figures = figures_dir(run, create=False)  # a symlinked figures/ is refused, not probed
+    for directory in (run, figures):
         if not directory.is_dir():
             continue  # figures/ is made later, in the run checked first
         try:
