@@ -46,6 +46,7 @@ def conformance_command(
     from rich.console import Console
     from rich.table import Table
 
+    from tokenfield._progress import TaskLines
     from tokenfield.pipelines.conformance import ITEMS, run_suite, write_conformance
     from tokenfield.runs import check_writable_dir
 
@@ -56,11 +57,15 @@ def conformance_command(
     check_writable_dir(out)
     console = Console(stderr=True)
     started = time.perf_counter()
-    with console.status("conformance") as status:
+    names = list(ITEMS) if only is None else [only]
+    with TaskLines(names, title="conformance" + (" --quick" if quick else "")) as lines:
         results = run_suite(
             only=only,
             quick=quick,
-            progress=lambda name: status.update(f"conformance: {name}"),
+            progress=lines.start,
+            finished=lambda r: lines.finish(
+                r.name, f"[{'green' if r.passed else 'red'}]{r.status}[/] in {r.seconds:.0f} s"
+            ),
         )
     items = write_conformance(out, results, quick=quick, only=only, started=started)
     failed = any(item["status"] != "PASS" for item in items)
