@@ -24,9 +24,11 @@ def _run(argv):
     return 0
 
 
-def test_only_one_item_writes_json_html_and_figure(tmp_path):
+def test_only_one_item_writes_json_html_and_figure(tmp_path, capsys):
     out = tmp_path / "c"
     assert _run(["conformance", "--only", "equiangular", "--quick", "--out", str(out)]) == 0
+    # progress: one line per item on stderr (a plain line when stderr is not a terminal)
+    assert "conformance --quick: equiangular PASS in " in capsys.readouterr().err
     data = json.loads((out / "conformance.json").read_text())
     (item,) = data["items"]
     assert {"name", "reference", "measured", "tolerance", "status", "seconds"} <= set(item)
@@ -47,7 +49,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv):
     assert not (tmp_path / "X").exists()
 
 
-def test_a_failing_item_is_reported_with_status_1(tmp_path, monkeypatch):
+def test_a_failing_item_is_reported_with_status_1(tmp_path, monkeypatch, capsys):
     import tokenfield.meanfield.conformance as conformance
 
     def failing(quick):
@@ -55,6 +57,7 @@ def test_a_failing_item_is_reported_with_status_1(tmp_path, monkeypatch):
 
     monkeypatch.setitem(conformance.ITEMS, "equiangular", failing)
     assert _run(["conformance", "--only", "equiangular", "--out", str(tmp_path / "o")]) == 1
+    assert "conformance: equiangular FAIL in " in capsys.readouterr().err
     data = json.loads((tmp_path / "o" / "conformance.json").read_text())
     assert data["items"][0]["status"] == "FAIL"
 
