@@ -47,13 +47,15 @@ def render(result: dict, size: str) -> str:
         f"`{command}`, tokenfield {result['version']}, {result['created']}: "
         f"{passed} of {len(result['items'])} items PASS, {minutes:.1f} min wall clock{used}.",
         "",
-        "| item | measured | tolerance | status | seconds |",
+        "| item | measured | tolerance | status | seconds (CPU) |",
         "|---|---|---|---|---:|",
     ]
     for item in result["items"]:
+        cpu = item.get("cpu_seconds")
+        seconds = f"{item['seconds']:.0f}" + (f" ({cpu:.0f})" if cpu is not None else "")
         lines.append(
             f"| `{item['name']}` | {cell(item['measured'])} | {cell(item['tolerance'])} "
-            f"| {item['status']} | {item['seconds']:.0f} |"
+            f"| {item['status']} | {seconds} |"
         )
     sync = next((i for i in result["items"] if i["name"] == "circle-synchronisation"), None)
     if sync is not None:

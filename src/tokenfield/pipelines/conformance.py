@@ -524,12 +524,13 @@ def run_item(name: str, quick: bool = False) -> ItemResult:
         raise UserError(f"unknown conformance item {name!r}", f"use one of {', '.join(ITEMS)}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         result = ITEMS[name](quick)
     finally:
         torch.set_num_threads(threads)
     result.seconds = time.perf_counter() - started
+    result.cpu_seconds = time.process_time() - cpu
     return result
 
 
