@@ -36,6 +36,14 @@ def conformance_command(
     quick: Annotated[
         bool, typer.Option("--quick", help="Small sizes for CI (a couple of minutes).")
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Run the items in N processes at once (each on one torch thread; the "
+            "numbers equal a sequential run's).",
+        ),
+    ] = 1,
     as_json: Json = False,
 ) -> None:
     """Check the simulator and the theory against published results.
@@ -52,6 +60,8 @@ def conformance_command(
 
     if only is not None and only not in ITEMS:
         raise UserError(f"unknown conformance item '{only}'", f"use one of {', '.join(ITEMS)}")
+    if workers < 1:
+        raise UserError(f"--workers {workers} must be >= 1", "pass --workers 1 or more")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     check_writable_dir(out)
@@ -63,6 +73,7 @@ def conformance_command(
             only=only,
             quick=quick,
             progress=lines.start,
+            workers=workers,
             finished=lambda r: lines.finish(
                 r.name, f"[{'green' if r.passed else 'red'}]{r.status}[/] in {r.seconds:.0f} s"
             ),
