@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tokenfield.cli import main
+from tokenfield.errors import UserError
 from tokenfield.meanfield.conformance import (
     ItemResult,
     classify_circle_states,
@@ -80,3 +81,40 @@ def test_staircase_energy_and_circle_classification():
     assert stuck_spectrum(theta, -1.0) < 0 < stuck_spectrum(theta, -0.5)
     near = np.stack([np.cos([0, 1e-4, 2e-4]), np.sin([0, 1e-4, 2e-4])], -1)[None]
     assert classify_circle_states(near, 1.0)[0][0] == "sync"
+
+
+def _cheap_pass(quick):
+    from tokenfield.viz._common import new_figure
+
+    fig, ax = new_figure((2, 2))
+    ax.plot([0, 1], [0, 1])
+    return ItemResult("cheap-pass", "ref", "measured", "tol", passed=True, figure=fig)
+
+
+def _cheap_fail(quick):
+    return ItemResult("cheap-fail", "ref", "measured", "tol", passed=False)
+
+
+def test_workers_run_the_items_in_processes_and_keep_the_order(tmp_path, monkeypatch):
+    """--workers 2: each item in its own spawned process; the results come back in the
+    documented order with their verdicts, times and figures (as PNG bytes)."""
+    import time
+
+    import tokenfield.pipelines.conformance as pipeline
+
+    monkeypatch.setattr(pipeline, "ITEMS", {"cheap-pass": _cheap_pass, "cheap-fail": _cheap_fail})
+    started, finished = [], []
+    results = pipeline.run_suite(
+        workers=2, progress=started.append, finished=lambda r: finished.append(r.name)
+    )
+    assert [r.name for r in results] == ["cheap-pass", "cheap-fail"] == started
+    assert sorted(finished) == sorted(started)
+    assert [r.status for r in results] == ["PASS", "FAIL"]
+    assert all(r.seconds > 0 and r.cpu_seconds is not None for r in results)
+    assert isinstance(results[0].figure, bytes) and results[0].figure[:4] == b"\x89PNG"
+    pipeline.write_conformance(
+        tmp_path, results, quick=True, only=None, started=time.perf_counter()
+    )
+    assert (tmp_path / "figures" / "cheap-pass.png").read_bytes() == results[0].figure
+    with pytest.raises(UserError):
+        pipeline.run_suite(workers=0)
