@@ -577,7 +577,8 @@ def run_suite(
 
     done: dict[str, ItemResult] = {}
     context = multiprocessing.get_context("spawn")  # no forked torch thread pools
-    with ProcessPoolExecutor(min(int(workers), len(names)), mp_context=context) as pool:
+    pool = ProcessPoolExecutor(min(int(workers), len(names)), mp_context=context)
+    try:
         waiting = list(names)
         running: dict[Any, str] = {}
         while waiting or running:
@@ -590,6 +591,13 @@ def run_suite(
                 result = future.result()
                 done[running.pop(future)] = result
                 finished(result)
+    except BaseException:
+        # an interrupt or a failed item: stop the other workers now, do not wait for them
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [done[name] for name in names]
 
 
