@@ -143,7 +143,7 @@ def phase_diagram_item(quick: bool = False) -> ItemResult:
                     dt=config.dt,
                     frames=config.frames,
                     delta=config.delta,
-                )  # fmt: skip
+                )
                 for beta in betas
             ]
         )  # (beta, time)
