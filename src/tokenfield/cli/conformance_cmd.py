@@ -34,7 +34,12 @@ def conformance_command(
     out: Annotated[Path, out_option(help="Directory for conformance.json, .html, figures/.")],
     only: Annotated[str | None, typer.Option("--only", help="Run this item only.")] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Small sizes for CI (a couple of minutes).")
+        bool,
+        typer.Option(
+            "--quick",
+            help="Small sizes for CI: about 1 min of CPU time (measured: docs/conformance.md; "
+            "the wall clock is longer on a busy machine).",
+        ),
     ] = False,
     workers: Annotated[
         int,
