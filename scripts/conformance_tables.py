@@ -89,8 +89,8 @@ def render_items(parts: dict[str, dict], order: list[str], size: str) -> str:
     passed = sum(item["status"] == "PASS" for item in items)
     flag = " --quick" if size == "quick" else ""
     lines = [
-        f"`tokenfield conformance{flag} --only ITEM --out DIR`, one process per item, all "
-        f"started together, tokenfield {first['version']}, {first['created']}: "
+        f"`tokenfield conformance{flag} --only ITEM --out DIR`, one process per item, run "
+        f"side by side, tokenfield {first['version']}, first ended {first['created']}: "
         f"{passed} of {len(items)} items PASS"
         + (f"; not finished in time: {', '.join(f'`{n}`' for n in missing)}" if missing else "")
         + ".",
