@@ -109,3 +109,67 @@ class ProgressBar:
         if label is not None:
             changes["description"] = label
         self._progress.update(self._task, **changes)
+
+
+class TaskLines:
+    """One progress line per named task (a suite's items), drawn on stderr.
+
+    Each line shows a spinner while its task runs, then its result (e.g.
+    ``PASS``/``FAIL``) and the task's elapsed time; lines not started yet read
+    ``waiting``. A no-op when disabled.
+
+    Example:
+        >>> with TaskLines(["equiangular", "phase-diagram"], title="conformance") as lines:
+        ...     lines.start("equiangular")
+        ...     lines.finish("equiangular", "PASS")
+    """
+
+    def __init__(self, names: list[str], *, title: str = "", enabled: bool = True):
+        self.enabled = enabled
+        self._progress: Any = None
+        self._title = f"{title}: " if title else ""
+        self._lines: Any = None
+        if not enabled:
+            return
+        err = console(stderr=True)
+        if not err.is_terminal:
+            # a pipe or a CI log: no live display (it would print only at the end);
+            # one plain line as each task ends instead
+            self._lines = err
+            return
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            SpinnerColumn(finished_text=" "),
+            TextColumn(f"{self._title}[bold]{{task.description}}"),
+            BarColumn(bar_width=12),
+            TextColumn("{task.fields[state]}"),
+            TimeElapsedColumn(),
+            console=err,
+        )
+        self._tasks = {
+            name: self._progress.add_task(name, total=1, start=False, state="waiting")
+            for name in names
+        }
+
+    def __enter__(self) -> TaskLines:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        if self._progress is not None:
+            self._progress.stop()
+        return False
+
+    def start(self, name: str) -> None:
+        if self._progress is not None:
+            self._progress.start_task(self._tasks[name])
+            self._progress.update(self._tasks[name], state="running")
+
+    def finish(self, name: str, state: str) -> None:
+        if self._lines is not None:
+            self._lines.print(f"{self._title}[bold]{name}[/bold] {state}")
+        if self._progress is not None:
+            self._progress.update(self._tasks[name], completed=1, state=state)
+            self._progress.stop_task(self._tasks[name])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tokenfield.cli import main
+from tokenfield.errors import UserError
 from tokenfield.meanfield.conformance import (
     ItemResult,
     classify_circle_states,
@@ -24,9 +25,11 @@ def _run(argv):
     return 0
 
 
-def test_only_one_item_writes_json_html_and_figure(tmp_path):
+def test_only_one_item_writes_json_html_and_figure(tmp_path, capsys):
     out = tmp_path / "c"
     assert _run(["conformance", "--only", "equiangular", "--quick", "--out", str(out)]) == 0
+    # progress: one line per item on stderr (a plain line when stderr is not a terminal)
+    assert "conformance --quick: equiangular PASS in " in capsys.readouterr().err
     data = json.loads((out / "conformance.json").read_text())
     (item,) = data["items"]
     assert {"name", "reference", "measured", "tolerance", "status", "seconds"} <= set(item)
@@ -47,7 +50,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv):
     assert not (tmp_path / "X").exists()
 
 
-def test_a_failing_item_is_reported_with_status_1(tmp_path, monkeypatch):
+def test_a_failing_item_is_reported_with_status_1(tmp_path, monkeypatch, capsys):
     import tokenfield.meanfield.conformance as conformance
 
     def failing(quick):
@@ -55,6 +58,7 @@ def test_a_failing_item_is_reported_with_status_1(tmp_path, monkeypatch):
 
     monkeypatch.setitem(conformance.ITEMS, "equiangular", failing)
     assert _run(["conformance", "--only", "equiangular", "--out", str(tmp_path / "o")]) == 1
+    assert "conformance: equiangular FAIL in " in capsys.readouterr().err
     data = json.loads((tmp_path / "o" / "conformance.json").read_text())
     assert data["items"][0]["status"] == "FAIL"
 
@@ -77,3 +81,40 @@ def test_staircase_energy_and_circle_classification():
     assert stuck_spectrum(theta, -1.0) < 0 < stuck_spectrum(theta, -0.5)
     near = np.stack([np.cos([0, 1e-4, 2e-4]), np.sin([0, 1e-4, 2e-4])], -1)[None]
     assert classify_circle_states(near, 1.0)[0][0] == "sync"
+
+
+def _cheap_pass(quick):
+    from tokenfield.viz._common import new_figure
+
+    fig, ax = new_figure((2, 2))
+    ax.plot([0, 1], [0, 1])
+    return ItemResult("cheap-pass", "ref", "measured", "tol", passed=True, figure=fig)
+
+
+def _cheap_fail(quick):
+    return ItemResult("cheap-fail", "ref", "measured", "tol", passed=False)
+
+
+def test_workers_run_the_items_in_processes_and_keep_the_order(tmp_path, monkeypatch):
+    """--workers 2: each item in its own spawned process; the results come back in the
+    documented order with their verdicts, times and figures (as PNG bytes)."""
+    import time
+
+    import tokenfield.pipelines.conformance as pipeline
+
+    monkeypatch.setattr(pipeline, "ITEMS", {"cheap-pass": _cheap_pass, "cheap-fail": _cheap_fail})
+    started, finished = [], []
+    results = pipeline.run_suite(
+        workers=2, progress=started.append, finished=lambda r: finished.append(r.name)
+    )
+    assert [r.name for r in results] == ["cheap-pass", "cheap-fail"] == started
+    assert sorted(finished) == sorted(started)
+    assert [r.status for r in results] == ["PASS", "FAIL"]
+    assert all(r.seconds > 0 and r.cpu_seconds is not None for r in results)
+    assert isinstance(results[0].figure, bytes) and results[0].figure[:4] == b"\x89PNG"
+    pipeline.write_conformance(
+        tmp_path, results, quick=True, only=None, started=time.perf_counter()
+    )
+    assert (tmp_path / "figures" / "cheap-pass.png").read_bytes() == results[0].figure
+    with pytest.raises(UserError):
+        pipeline.run_suite(workers=0)

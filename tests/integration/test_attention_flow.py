@@ -23,12 +23,31 @@ def _states(ds):
 
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_flow_with_the_mlp_put_back_is_the_trace(kind):
-    """keep_mlp=True: the attention flow machinery (MLP swap, trace from the layer-0
-    cloud) reproduces the model's own trace exactly; without the MLP it differs."""
+    """keep_mlp=True swaps in a module that calls the original MLP (the swap path of
+    the attention-only flow, exercised): it reproduces the model's own trace exactly,
+    and every original MLP ran while the swapped module sat in its place; without
+    the MLP it differs."""
     model = tiny_loaded(kind)
     real = _states(trace(model, PROMPTS, positions="all"))
-    back = _states(flow_states(model, PROMPTS, "attention", keep_mlp=True))
+    originals = [block.mlp for block in model.sites.blocks]
+    swapped_calls = []
+
+    def record(block, mlp):
+        def hook(_module, _args):
+            swapped_calls.append(block._modules["mlp"] is not mlp)
+
+        return mlp.register_forward_pre_hook(hook)
+
+    handles = [record(b, m) for b, m in zip(model.sites.blocks, originals, strict=True)]
+    try:
+        back = _states(flow_states(model, PROMPTS, "attention", keep_mlp=True))
+    finally:
+        for handle in handles:
+            handle.remove()
     assert np.array_equal(back, real)
+    # each block's MLP ran at least once, and always from inside the swapped module
+    assert len(swapped_calls) >= len(originals) and all(swapped_calls)
+    assert [block.mlp for block in model.sites.blocks] == originals  # swap undone
     alone = _states(flow_states(model, PROMPTS, "attention"))
     assert np.array_equal(alone[0], real[0])  # the same layer-0 cloud
     assert np.abs(alone[1:] - real[1:]).max() > 1e-3  # the MLP matters

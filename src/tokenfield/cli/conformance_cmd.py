@@ -34,8 +34,21 @@ def conformance_command(
     out: Annotated[Path, out_option(help="Directory for conformance.json, .html, figures/.")],
     only: Annotated[str | None, typer.Option("--only", help="Run this item only.")] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Small sizes for CI (a couple of minutes).")
+        bool,
+        typer.Option(
+            "--quick",
+            help="Small sizes for CI: about 1 min of CPU time (measured: docs/conformance.md; "
+            "the wall clock is longer on a busy machine).",
+        ),
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Run the items in N processes at once (each on one torch thread; the "
+            "numbers equal a sequential run's).",
+        ),
+    ] = 1,
     as_json: Json = False,
 ) -> None:
     """Check the simulator and the theory against published results.
@@ -46,21 +59,29 @@ def conformance_command(
     from rich.console import Console
     from rich.table import Table
 
+    from tokenfield._progress import TaskLines
     from tokenfield.pipelines.conformance import ITEMS, run_suite, write_conformance
     from tokenfield.runs import check_writable_dir
 
     if only is not None and only not in ITEMS:
         raise UserError(f"unknown conformance item '{only}'", f"use one of {', '.join(ITEMS)}")
+    if workers < 1:
+        raise UserError(f"--workers {workers} must be >= 1", "pass --workers 1 or more")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     check_writable_dir(out)
     console = Console(stderr=True)
     started = time.perf_counter()
-    with console.status("conformance") as status:
+    names = list(ITEMS) if only is None else [only]
+    with TaskLines(names, title="conformance" + (" --quick" if quick else "")) as lines:
         results = run_suite(
             only=only,
             quick=quick,
-            progress=lambda name: status.update(f"conformance: {name}"),
+            progress=lines.start,
+            workers=workers,
+            finished=lambda r: lines.finish(
+                r.name, f"[{'green' if r.passed else 'red'}]{r.status}[/] in {r.seconds:.0f} s"
+            ),
         )
     items = write_conformance(out, results, quick=quick, only=only, started=started)
     failed = any(item["status"] != "PASS" for item in items)

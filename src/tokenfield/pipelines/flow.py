@@ -10,7 +10,7 @@ import contextlib
 import copy
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,15 @@ from tokenfield.prompts import as_prompts
 from tokenfield.runs import write_json_atomic
 from tokenfield.viz.flow import flow_html_section, plot_flow
 
-__all__ = ["attention_flow", "flow_states", "mlps_removed", "random_copy", "write_flow"]
+__all__ = [
+    "MlpPutBack",
+    "attention_flow",
+    "flow_states",
+    "mlps_removed",
+    "mlps_swapped",
+    "random_copy",
+    "write_flow",
+]
 
 
 def _mlp_owners(model: Any) -> list[Any]:
@@ -50,24 +58,44 @@ def _mlp_owners(model: Any) -> list[Any]:
     return owners
 
 
+class _ZeroMlp(torch.nn.Module):
+    """An MLP that returns zero: the attention-only flow."""
+
+    def forward(self, hidden, *args, **kwargs):  # noqa: D401
+        return torch.zeros_like(hidden)
+
+
+class MlpPutBack(torch.nn.Module):
+    """Swapped in where the MLP was, calling it: the flow with the MLP put back
+    goes through the same swap as the attention-only flow."""
+
+    def __init__(self, mlp: torch.nn.Module):
+        super().__init__()
+        self.original = mlp
+
+    def forward(self, hidden, *args, **kwargs):  # noqa: D401
+        return self.original(hidden, *args, **kwargs)
+
+
 @contextlib.contextmanager
-def mlps_removed(model: Any) -> Iterator[None]:
-    """Within the block, every block's MLP returns zero (restored after)."""
+def mlps_swapped(model: Any, replacement: Callable[[torch.nn.Module], torch.nn.Module]):
+    """Within the block, every block's MLP module is ``replacement(mlp)`` (restored
+    after, even on error)."""
 
     owners = _mlp_owners(model)
     saved = [owner.mlp for owner in owners]
-
-    class Zero(torch.nn.Module):
-        def forward(self, hidden, *args, **kwargs):  # noqa: D401
-            return torch.zeros_like(hidden)
-
     try:
-        for owner in owners:
-            owner._modules["mlp"] = Zero()
+        for owner, mlp in zip(owners, saved, strict=True):
+            owner._modules["mlp"] = replacement(mlp)
         yield
     finally:
         for owner, mlp in zip(owners, saved, strict=True):
             owner._modules["mlp"] = mlp
+
+
+def mlps_removed(model: Any) -> contextlib.AbstractContextManager[None]:
+    """Within the block, every block's MLP returns zero (restored after)."""
+    return mlps_swapped(model, lambda _mlp: _ZeroMlp())
 
 
 def random_copy(model: Any, seed: int = 0) -> Any:
@@ -107,7 +135,7 @@ def flow_states(
     """The token states ``(time, particle, feature)`` of one flow (``positions="all"``).
 
     ``variant`` is ``"full"`` (the trace), ``"attention"`` (``keep_mlp=True`` puts
-    the MLPs back: then it equals the trace), ``"random_attention"`` or
+    the MLPs back through the same swap, :class:`MlpPutBack`: then it equals the trace), ``"random_attention"`` or
     ``"identity"`` (needs ``real``, the trace, for the start and the fits)."""
 
     options = dict(positions="all", chat=chat, truncate=truncate, top_k=1)
@@ -115,8 +143,9 @@ def flow_states(
         return trace(model, prompts, **options)
     if variant in ("attention", "random_attention"):
         target = model if variant == "attention" else random_copy(model, seed)
-        guard = contextlib.nullcontext() if keep_mlp else mlps_removed(target)
-        with guard:
+        # keep_mlp swaps in a module that calls the MLP: the same swap path, which
+        # must then give the trace exactly (tests/integration/test_attention_flow.py)
+        with mlps_swapped(target, MlpPutBack) if keep_mlp else mlps_removed(target):
             return trace(target, prompts, **options)
     if variant == "identity":
         if real is None:

@@ -1,0 +1,56 @@
+"""Conformance items that can fail: a planted x2 in tokenfield's attention field
+(every velocity doubled, so the clock runs twice as fast) must fail the phase-diagram
+item and the staircase's dynamics check, which compare with independent NumPy
+references (:mod:`tokenfield.meanfield.references`) that do not share the field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokenfield.particles import Dynamics
+from tokenfield.particles.init import uniform
+from tokenfield.pipelines.conformance import (
+    STAIRCASE_ENERGY_TOL,
+    STAIRCASE_TIME_TOL,
+    phase_diagram_item,
+    staircase_dynamics,
+)
+
+
+@pytest.fixture
+def doubled_field(monkeypatch):
+    original = Dynamics.attention_term
+
+    def doubled(self, layer, y):
+        return 2 * original(self, layer, y)
+
+    monkeypatch.setattr(Dynamics, "attention_term", doubled)
+
+
+def test_a_doubled_field_fails_the_phase_diagram_item(doubled_field):
+    result = phase_diagram_item(quick=True)
+    assert result.status == "FAIL"
+    gaps = result.details["difference_from_reference"]
+    # the merged share at a given t differs from the published algorithm's by far more
+    # than the tolerance (0.01 same algorithm, 0.1 RK4); measured ~0.83 for each
+    assert min(gaps.values()) > 0.5, gaps
+
+
+def _times(t_max=200.0, frames=60):
+    return np.concatenate([[0.0], np.geomspace(0.1, t_max, frames)])
+
+
+def test_the_staircase_dynamics_agrees_with_the_independent_integration():
+    run = staircase_dynamics(uniform(32, 2, seed=7), 12.0, _times())
+    assert run["time_error"] <= STAIRCASE_TIME_TOL
+    assert run["energy_gap"] <= STAIRCASE_ENERGY_TOL
+    ours = run["level_times"]["tokenfield"]
+    assert len(ours) >= 10 and run["counts"][-1] < 8  # clusters formed and some merged
+
+
+def test_a_doubled_field_fails_the_staircase_dynamics_check(doubled_field):
+    run = staircase_dynamics(uniform(32, 2, seed=7), 12.0, _times())
+    # every plateau is reached in about half the time: |log t - log t_ref| ~ log 2
+    assert run["time_error"] > STAIRCASE_TIME_TOL
+    assert run["energy_gap"] > STAIRCASE_ENERGY_TOL
