@@ -109,3 +109,8 @@ class ProgressBar:
         if label is not None:
             changes["description"] = label
         self._progress.update(self._task, **changes)
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``"1 item"``, ``"3 items"``; ``many`` for an irregular plural."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"

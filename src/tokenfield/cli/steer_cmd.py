@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from tokenfield._progress import plural
 from tokenfield.cli._app import app
 from tokenfield.cli._options import (
     Json,
@@ -247,8 +248,8 @@ def eval_steering_command(
         str,
         typer.Option(
             "--dtype",
-            help="Weights and activations: float32 (default) or bfloat16 (about twice as "
-            "fast on CPUs with bf16 support; answers can differ slightly).",
+            help="Weights and activations: float32 (default) or bfloat16 (answers can "
+            "differ slightly; its speed has not been measured, see docs/steering.md).",
         ),
     ] = "float32",
     overwrite: Annotated[bool, overwrite_option()] = False,
@@ -339,7 +340,8 @@ def summary_text(result: dict) -> str:
         f"  label shuffle      {result['label_shuffle']['accuracy']:.3f}",
         f"  {cs['k']} random controls: median {cs['median']:.3f}, 95th percentile "
         f"{cs['p95']:.3f}, max {cs['max']:.3f}; steered ranks {cs['rank']} of {cs['k'] + 1}",
-        f"  McNemar (steered vs unsteered word form): {result['mcnemar']['b']} items fixed, "
+        f"  McNemar (steered vs unsteered word form): "
+        f"{plural(result['mcnemar']['b'], 'item')} fixed, "
         f"{result['mcnemar']['c']} broken, exact p = {result['mcnemar_p']:.3g}",
     ]
     if result["verdict"] == "supports":

@@ -29,7 +29,7 @@ def plot_growth_rates(spectrum: Any, ax: Any = None, *, show_seed: bool = True):
     modes, rates = spectrum.modes, spectrum.growth_rates
     ax.plot(modes, rates, "o-", color="C0", ms=3, label=f"lambda_k ({spectrum.normalization})")
     ax.axvline(spectrum.k_max, color="C0", ls=":", lw=1)
-    ax.annotate(f"k_max = {spectrum.k_max}", (spectrum.k_max, spectrum.top_rate),
+    ax.annotate(f"{spectrum.mode_name} = {spectrum.k_max}", (spectrum.k_max, spectrum.top_rate),
                 textcoords="offset points", xytext=(5, -12), fontsize=8)  # fmt: skip
     seed = spectrum.seed_rates if show_seed else None  # computed by meanfield, drawn here
     if seed is not None:
@@ -48,7 +48,8 @@ def plot_k_max_curve(curve: Any, ax: Any = None):
     """``k_max`` against ``beta`` with ``sqrt(2 beta)`` (a :class:`~tokenfield.meanfield.KmaxCurve`)."""
     fig, ax = figure_for(ax, (6, 3.5))
     betas = curve.betas
-    ax.step(betas, curve.k_max, where="mid", color="C0", label="k_max (linear stability)")
+    ax.step(betas, curve.k_max, where="mid", color="C0",
+            label=f"{curve.mode_name} (linear stability)")  # fmt: skip
     fine = np.linspace(betas.min(), betas.max(), 400)
     ax.plot(fine, np.sqrt(2 * np.abs(fine)), color="C1", lw=1, label="sqrt(2 beta)")
     if curve.dim > 2:
