@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import textwrap
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,59 @@ def _padded_range(values: np.ndarray) -> list[float]:
     low, high = float(finite.min()), float(finite.max())
     margin = 0.05 * (high - low) or 1.0
     return [low - margin, high + margin]
+
+
+#: A point is outside the bulk when it lies this many interquartile ranges beyond
+#: the quartiles of the points at its own time (Tukey's "far out" fence).
+FENCE = 3.0
+
+
+def bulk_ranges(
+    points: np.ndarray, *, fence: float = FENCE
+) -> tuple[list[list[float]], np.ndarray]:
+    """Axis ranges that show the bulk of the points, and which points they leave out.
+
+    Each time step is judged on its own: a point is an outlier on an axis when it
+    lies more than ``fence`` interquartile ranges beyond the quartiles of all the
+    points at that time (the run's paths, its generated tokens and its overlays
+    pooled). So a whole run that moves together (the norm growing with depth, an
+    overlay of another model) stays inside the axes, while one prompt thrown far
+    out at one layer, or two generated tokens, no longer squash everything else
+    into a corner.
+
+    Args:
+        points: (time, n, axes) coordinates; NaN for missing points.
+
+    Returns:
+        ``(ranges, outside)``: per axis ``[low, high]`` (the bulk padded by 5%),
+        and a (time, n) boolean mask of the points outside the ranges on some axis.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    finite = np.isfinite(points)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN times
+        q1 = np.nanquantile(points, 0.25, axis=1, keepdims=True)  # (time, 1, axes)
+        q3 = np.nanquantile(points, 0.75, axis=1, keepdims=True)
+        spread = q3 - q1
+        # a floor, so that a time where (nearly) every point sits in one place
+        # does not call its neighbours outliers
+        overall = np.nanquantile(points, 0.75, axis=(0, 1)) - np.nanquantile(
+            points, 0.25, axis=(0, 1)
+        )
+    floor = 0.05 * np.where(np.isfinite(overall) & (overall > 0), overall, 1.0)
+    spread = np.maximum(np.nan_to_num(spread, nan=0.0), floor)
+    lower, upper = q1 - fence * spread, q3 + fence * spread
+    outside_axis = finite & ((points < lower) | (points > upper))  # (time, n, axes)
+    ranges = []
+    for i in range(points.shape[-1]):
+        kept = points[..., i][finite[..., i] & ~outside_axis[..., i]]
+        ranges.append(_padded_range(kept if kept.size else points[..., i]))
+    # a point is marked when it falls outside the final ranges on some axis
+    with np.errstate(invalid="ignore"):
+        outside = np.zeros(points.shape[:2], dtype=bool)
+        for i, (low, high) in enumerate(ranges):
+            outside |= finite[..., i] & ((points[..., i] < low) | (points[..., i] > high))
+    return ranges, outside
 
 
 def _hover_text(text: str, width: int = 60) -> str:
@@ -401,20 +455,22 @@ def _view(
     data: list[dict[str, Any]] = []
     moving: list[int] = []
     gen_points: dict[str, list[Any]] = {}
-    # the axes fit the run's own paths (an overlay far away is found by zooming out)
-    extent = np.concatenate(
-        [sets[0].xyz[key].reshape(-1, 3)]
-        + [g[0][key].reshape(-1, 3) for g in sets[0].generated.values()]
-    )
+    # The axes show the bulk of every point drawn (paths, generated tokens,
+    # overlays), judged time by time; the few points beyond it are marked at the
+    # edge (see bulk_ranges). who: what each pooled point is, for its hover.
+    pooled, who = [], []
+    for number, s in enumerate(sets):
+        pooled.append(s.xyz[key])
+        who += [(number, p, 0) for p in range(s.xyz[key].shape[1])]
+        for p, (xyz, _rows) in s.generated.items():
+            pooled.append(xyz[key])
+            who += [(number, p, j + 1) for j in range(xyz[key].shape[1])]
+    points = np.concatenate(pooled, axis=1)  # (time, all points, 3)
+    n_axes = len(axes)
+    ranges, outside = bulk_ranges(points[..., :n_axes])
 
     # one rounding for the whole view, so that shared points stay equal
-    decimals = _decimals(
-        np.concatenate(
-            [extent.ravel()]
-            + [s.xyz[key].ravel() for s in sets]
-            + [g[0][key].ravel() for s in sets for g in s.generated.values()]
-        )
-    )
+    decimals = _decimals(points.ravel())
 
     def coords(xyz: np.ndarray) -> dict[str, Any]:
         return {a: _rounded(xyz[..., i], decimals) for i, a in enumerate(axes)}
@@ -535,6 +591,10 @@ def _view(
     share = ([f" ({r:.1%})" for r in list(explained)[:3]] if explained is not None else []) + [
         ""
     ] * 3
+    if outside.any():
+        data.append(
+            _outside_trace(points[..., :n_axes], outside, ranges, who, sets, times, axes, time_name)
+        )
     redraw = three
     animate = {"mode": "immediate", "frame": {"duration": 0, "redraw": redraw}}
     steps = [
@@ -582,13 +642,16 @@ def _view(
             }
         ],
     }
-    ranges = [_padded_range(extent[:, i]) for i in range(3)]
     if three:
         layout["scene"] = {
             f"{a}axis": {"title": {"text": f"PC{i + 1}{share[i]}"}, "range": ranges[i]}
             for i, a in enumerate(axes)
         }
         layout["scene"]["aspectmode"] = "cube"
+        # plotly's default camera (eye at 1.25, 1.25, 1.25) puts the box's near
+        # corner and the axis titles below the scene, under the slider: step back.
+        layout["scene"]["camera"] = {"eye": {"x": 1.5, "y": 1.5, "z": 1.1}}
+        layout["scene"]["domain"] = {"x": [0.0, 1.0], "y": [0.08, 1.0]}
     else:
         for i, a in enumerate(axes):
             layout[f"{a}axis"] = {
@@ -597,6 +660,53 @@ def _view(
                 "zeroline": False,
             }
     return {"data": data, "layout": layout, "moving": moving, "gen": gen_points}
+
+
+def _outside_trace(
+    points: np.ndarray,
+    outside: np.ndarray,
+    ranges: list[list[float]],
+    who: list[tuple[int, int, int]],
+    sets: Sequence[PathSet],
+    times: Sequence[Any],
+    axes: Sequence[str],
+    time_name: str,
+) -> dict[str, Any]:
+    """The points beyond the axes, drawn as grey crosses at the edge they lie past,
+    with their real coordinates in the hover; one legend entry that counts them."""
+    t_index, n_index = np.nonzero(outside)
+    coords = points[t_index, n_index]  # (k, axes)
+    clamped = coords.copy()
+    hover = []
+    for i, (low, high) in enumerate(ranges):
+        inset = 0.5 * 0.05 / 1.1 * (high - low)  # halfway into the padding
+        clamped[:, i] = np.clip(clamped[:, i], low + inset, high - inset)
+    for (t, n), xyz in zip(zip(t_index, n_index, strict=True), coords, strict=True):
+        number, p, generated = who[n]
+        s = sets[number]
+        head = f"[{html.escape(s.name)}] " if number > 0 else ""
+        what = f" · generated token {generated}" if generated else ""
+        where = ", ".join(
+            f"PC{i + 1} {v:.4g}" for i, v in enumerate(xyz.tolist()) if np.isfinite(v)
+        )
+        hover.append(
+            f"{head}<b>{html.escape(s.labels[p])}</b> · {html.escape(s.categories[p])}{what}"
+            f"<br>{time_name} {html.escape(str(times[t]))}: outside the axes, at {where}"
+        )
+    three = len(axes) == 3
+    count = len(hover)
+    return {
+        "type": "scatter3d" if three else "scatter",
+        **{a: np.round(clamped[:, i], 6).tolist() for i, a in enumerate(axes)},
+        "mode": "markers",
+        "marker": {"symbol": "x", "size": 4 if three else 9, "color": "#444444"},
+        "name": f"{count} point{'s' if count != 1 else ''} outside the axes (x, at the edge)",
+        "legendgroup": "outside",
+        "showlegend": True,
+        "text": hover,
+        "hovertemplate": "%{text}<extra></extra>",
+        "meta": {"kind": "outside"},
+    }
 
 
 START_JS = """
