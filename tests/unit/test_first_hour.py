@@ -211,3 +211,67 @@ def test_a_bad_threads_setting_is_one_line():
     )
     assert result.returncode == 2
     assert "TOKENFIELD_THREADS='lots' is not a number of threads" in one_error_line(result.stderr)
+
+
+# --- figures: steered paths draw the run's layers, in colours that show on white -----
+
+
+def _contrast_with_white(colour) -> float:
+    """WCAG contrast ratio of an RGB(A) colour against white."""
+
+    def channel(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(float(c)) for c in colour[:3])
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return 1.05 / (luminance + 0.05)
+
+
+def _loop(n_time: int = 31):
+    rng = np.random.default_rng(0)
+    paths = np.cumsum(rng.normal(size=(n_time, 4, 2)), axis=0)
+    return {
+        "reference": {"paths": paths.tolist(), "category": ["A", "A", "B", "B"]},
+        "unsteered": {"paths": paths[:, :1].tolist()},
+        "paths": {
+            "steer": {a: (paths[:, :1] + i).tolist() for i, a in enumerate(["0.5", "1.0", "2.0"])}
+        },
+        "explained_variance_ratio": [0.5, 0.2],
+        "source": "A",
+        "target": "B",
+        "layer": 15,
+    }
+
+
+@pytest.mark.parametrize(("times", "drawn"), [("seed", 30), ("all", 31)])
+def test_steered_paths_draw_the_layers_the_runs_figures_draw(times, drawn):
+    from tokenfield.viz.steering import plot_steered_paths
+
+    ax = plot_steered_paths(_loop(31), times=times)
+    lengths = {len(line.get_xdata()) for line in ax.lines if len(line.get_xdata()) > 2}
+    assert lengths == {drawn}
+    assert f"layers 0..{drawn - 1}" in ax.get_title()
+
+
+def test_steer_reads_the_runs_time_convention(tmp_path):
+    from tokenfield.cli.steer_cmd import _time_convention
+
+    assert _time_convention(tmp_path) == "seed"  # not analysed yet: analyze's default
+    (tmp_path / "metrics.json").write_text(json.dumps({"options": {"times": "all"}}))
+    assert _time_convention(tmp_path) == "all"
+
+
+def test_lines_on_white_are_never_yellow():
+    import xarray as xr
+
+    from tokenfield.viz._common import particle_colors
+    from tokenfield.viz.steering import plot_steered_paths
+
+    ax = plot_steered_paths(_loop())
+    steered = [line for line in ax.lines if str(line.get_label()).startswith("alpha=")]
+    assert len(steered) == 3
+    for line in steered:
+        assert _contrast_with_white(line.get_color()) > 2.5, line.get_label()
+    pcs = xr.DataArray(np.zeros((2, 12, 2)), dims=("time", "particle", "component"))
+    colours, _legend = particle_colors(pcs)  # a simulation: no categories
+    assert min(_contrast_with_white(c) for c in colours) > 2.5

@@ -171,7 +171,7 @@ def steer_command(
     from tokenfield.viz.steering import plot_steered_paths, save
 
     (out / "figures").mkdir(exist_ok=True)
-    save(plot_steered_paths(result), out / "figures" / "steered_paths")
+    save(plot_steered_paths(result, times=_time_convention(run)), out / "figures" / "steered_paths")
     if as_json:
         echo_json({"rows": result["rows"], "out": str(out)})
         console.print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
@@ -321,6 +321,19 @@ def eval_steering_command(
         Console(soft_wrap=True).print(summary_text(result), markup=False, highlight=False)
     # results on stdout; with --json stdout holds only the JSON
     Console(stderr=as_json).print(f"wrote {out / 'eval.json'} and {out / 'figures'}")
+
+
+def _time_convention(run: Path) -> str:
+    """The times the run's own figures use (its metrics.json; ``seed`` before
+    it is analysed, analyze's default)."""
+    import json
+
+    try:
+        options = json.loads((run / "metrics.json").read_text(encoding="utf-8")).get("options")
+        times = options.get("times", "seed") if isinstance(options, dict) else "seed"
+    except (OSError, ValueError, AttributeError):
+        return "seed"
+    return times if times in ("seed", "all") else "seed"
 
 
 def summary_text(result: dict) -> str:
