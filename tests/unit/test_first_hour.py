@@ -275,3 +275,47 @@ def test_lines_on_white_are_never_yellow():
     pcs = xr.DataArray(np.zeros((2, 12, 2)), dims=("time", "particle", "component"))
     colours, _legend = particle_colors(pcs)  # a simulation: no categories
     assert min(_contrast_with_white(c) for c in colours) > 2.5
+
+
+# --- progress of analyze, report --overlay and metastability ------------------------
+
+
+def test_long_commands_report_their_stages(tmp_path):
+    """What the progress line shows, stage by stage (the line itself is drawn only
+    on a terminal; here the stages are collected)."""
+    from tests.unit.synthetic_trajectories import clustered
+    from tokenfield._progress import Stages
+    from tokenfield.meanfield.metastability import metastability
+    from tokenfield.pipelines.analyze import analyze_run
+    from tokenfield.report import write_report
+
+    states, labels = clustered(n_per_category=2, n_time=6, n_feature=16)
+    run = write_run(tmp_path / "run", trace_dataset(states, labels))
+    other = write_run(tmp_path / "other", trace_dataset(states[::-1].copy(), labels))
+    with Stages("analysing", enabled=False) as stages:
+        analyze_run(run, n_permutations=5)
+    assert stages.seen[0] == "measuring" and "figures" in stages.seen
+    assert stages.seen[-1] == "writing metrics.json"
+    assert any("thought_evolution.gif" in s for s in stages.seen)
+    with Stages("report", enabled=False) as stages:
+        write_report([run], tmp_path / "r.html", overlays=[f"{other}:mirror"])
+    assert stages.seen == [
+        "run: reading",
+        "run: trajectory views",
+        "overlay mirror: projecting into run's frame",
+        "writing the page",
+    ]
+    with Stages("simulating", total=2, enabled=False) as stages:
+        metastability([2.0, 3.0], k=2, dim=2, per_cap=2, seeds=1, t_cap=5.0)
+    assert stages.seen == ["beta = 2", "beta = 3"]
+
+
+def test_stages_are_silent_outside_a_command_and_off_a_terminal(tmp_path, capsys):
+    from tokenfield._progress import stage
+
+    stage("nobody listens")  # the library alone: no error, no output
+    states = np.random.default_rng(0).normal(size=(4, 4, 8))
+    run = write_run(tmp_path / "run", trace_dataset(states, ["a", "a", "b", "b"]))
+    code, out, err = run_cli(["analyze", run, "--permutations", "5"], capsys)
+    assert code == 0, err
+    assert "measuring" not in err and "measuring" not in out  # stderr is not a terminal here

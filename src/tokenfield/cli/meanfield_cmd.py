@@ -456,6 +456,7 @@ def metastability_command(
     """First-merge times of k separated clusters against beta, and the slope of log T."""
     from rich.table import Table
 
+    from tokenfield._progress import Stages
     from tokenfield._progress import console as make_console
     from tokenfield.meanfield.metastability import cap_centres, metastability
 
@@ -466,7 +467,7 @@ def metastability_command(
     cap_centres(caps, dim)
     out = _out_dir(out)
     console = make_console(stderr=as_json)  # stdout holds the JSON
-    with limit_threads(1), make_console(stderr=True).status("simulating"):
+    with limit_threads(1), Stages("simulating", total=len(values)):
         result = metastability(
             values, k=caps, dim=dim, per_cap=per_cap, cap_radius=cap_radius,
             normalization=dynamics, time=time, seeds=seeds, eps=eps, t_cap=t_cap,
