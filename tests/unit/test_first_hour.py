@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -319,3 +320,38 @@ def test_stages_are_silent_outside_a_command_and_off_a_terminal(tmp_path, capsys
     code, out, err = run_cli(["analyze", run, "--permutations", "5"], capsys)
     assert code == 0, err
     assert "measuring" not in err and "measuring" not in out  # stderr is not a terminal here
+
+
+# --- cosmetics: slider labels, figure names, the steer table's progress ---------------
+
+
+def test_time_slider_labels_are_evenly_spaced():
+    from tokenfield.report.interactive import even_steps, simulation_figures
+
+    times = np.arange(201) * 0.02  # 0 .. 4, saved every 0.02
+    states = np.random.default_rng(0).normal(size=(201, 6, 3))
+    states /= np.linalg.norm(states, axis=-1, keepdims=True)
+    figure = simulation_figures(states, times, None)[0]
+    labels = [float(step["label"]) for step in figure["layout"]["sliders"][0]["steps"]]
+    assert labels[0] == 0 and labels[-1] == 4 and len(labels) <= 80
+    gaps = np.round(np.diff(labels), 9)
+    assert len(set(gaps[:-1].tolist())) == 1  # one stride; only the last step may be shorter
+    assert gaps[-1] <= gaps[0]
+    assert even_steps(10, 60) == list(range(10))
+    assert even_steps(31, 4) == [0, 10, 20, 30]
+
+
+def test_growth_fit_figures_say_which_beta(tmp_path, capsys):
+    args = ["predict-clusters", "--betas", "1,4", "--n", "32", "--seeds", "1", "--growth-rates"]
+    code, _out, err = run_cli([*args, "--out", tmp_path], capsys)
+    assert code == 0, err
+    names = sorted(p.stem for p in (tmp_path / "figures").glob("growth_fit_*.png"))
+    assert names and all(re.fullmatch(r"growth_fit_(sa|usa)_beta(1|4)", n) for n in names), names
+    assert not any(re.fullmatch(r"growth_fit_\d+", n) for n in names)
+
+
+def test_steer_explains_progress_under_its_table():
+    from tokenfield.cli.steer_cmd import PROGRESS_NOTE
+
+    assert "At alpha = 1" in PROGRESS_NOTE and "below 1" in PROGRESS_NOTE
+    assert "1 - d(steered, target centroid) / d(unsteered, target centroid)" in PROGRESS_NOTE

@@ -28,7 +28,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("viz", "report"),
     ("analysis", "meanfield", "steering"),
     ("models", "particles"),
-    ("runs", "prompts", "_io", "errors", "_lock", "_progress", "_version", "_device"),
+    ("runs", "prompts", "_io", "errors", "_lock", "_progress", "_threads", "_version", "_device"),
 )
 LEVEL = {package: len(FLOORS) - i for i, floor in enumerate(FLOORS) for package in floor}
 

@@ -190,6 +190,7 @@ def steer_command(
         table.add_row(r["condition"], f"{r['alpha']:g}", f"{r['progress_at_layer']:.2f}",
                       f"{r['progress_final']:.2f}", f"{r['kl_mean']:.3f}", f"{r['top1_changed']:.0%}")  # fmt: skip
     make_console().print(table)
+    make_console(stderr=True).print(PROGRESS_NOTE)
     make_console().print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
 
 
@@ -321,6 +322,14 @@ def eval_steering_command(
         Console(soft_wrap=True).print(summary_text(result), markup=False, highlight=False)
     # results on stdout; with --json stdout holds only the JSON
     Console(stderr=as_json).print(f"wrote {out / 'eval.json'} and {out / 'figures'}")
+
+
+PROGRESS_NOTE = (
+    "note: progress = 1 - d(steered, target centroid) / d(unsteered, target centroid), "
+    "mean over the source prompts (0: not moved, 1: on the centroid). At alpha = 1 the "
+    "source prompts' mean lands on the target centroid, but each prompt keeps its own "
+    "distance from that mean, so progress@layer stays below 1 (see docs/steering.md)."
+)
 
 
 def _time_convention(run: Path) -> str:

@@ -45,6 +45,20 @@ def _evenly(size: int, most: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, size - 1, most)).astype(int))
 
 
+def even_steps(size: int, most: int) -> list[int]:
+    """At most ``most`` indices of ``0 .. size-1`` one stride apart, the last one
+    included: the slider's frames. Evenly saved times then get evenly spaced
+    labels (0, 0.04, 0.08, ...), where rounding ``linspace`` gave uneven ones
+    (0, 0.04, 0.1, 0.14, ...); only the step to the last time may be shorter."""
+    if size <= most:
+        return list(range(size))
+    stride = -(-(size - 1) // (most - 1))  # ceil: at most `most` frames
+    index = list(range(0, size, stride))
+    if index[-1] != size - 1:
+        index.append(size - 1)
+    return index
+
+
 def _padded_range(values: np.ndarray) -> list[float]:
     finite = values[np.isfinite(values)]
     if finite.size == 0:
@@ -140,7 +154,7 @@ def trajectory_figure(
         pcs = pcs.isel(time=~pcs["is_final_norm"].values)
     pcs = pcs.isel(particle=_evenly(pcs.sizes["particle"], MAX_PARTICLES))
     times = np.asarray(pcs["time"].values)
-    frame_index = _evenly(len(times), MAX_FRAMES)
+    frame_index = even_steps(len(times), MAX_FRAMES)
     n_components = pcs.sizes["component"]
     x = np.asarray(pcs.sel(component=1).transpose("time", "particle"), dtype=np.float32)
     y = (
@@ -385,7 +399,7 @@ def trajectory_views(
     sets = [main, *overlays]
     frame_keys = list(main.xyz)
     n_time = len(times)
-    frame_index = [int(k) for k in _evenly(n_time, MAX_FRAMES)]
+    frame_index = even_steps(n_time, MAX_FRAMES)
     text_table: list[list[str]] = []
     gen_table: list[list[list[str]]] = []
     hover_ids: list[list[int]] = []
@@ -861,7 +875,7 @@ def simulation_figures(
             }
         )
     elif d == 3:
-        frame_index = [int(k) for k in _evenly(n_time, MAX_SIM_FRAMES)]
+        frame_index = even_steps(n_time, MAX_SIM_FRAMES)
         u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 25), np.linspace(0, np.pi, 13))
         sphere = {
             "type": "surface",

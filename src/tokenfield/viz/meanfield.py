@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenfield.meanfield.stability import large_beta_formula
 from tokenfield.viz._common import FORMATS, figure_for, new_figure, save_figure
 
 
@@ -184,16 +185,19 @@ def meanfield_figures(results: dict[str, Any]) -> list[tuple[str, Any, str]]:
         s = results["spectrum"]
         out.append(("growth_rates", plot_growth_rates(s),
                     f"Growth rates of the modes of the uniform measure, beta = {s.beta:g}; "
-                    f"k_max = {s.k_max}. Dashed: the seed's I_k/beta, whose maximiser is always 1."))  # fmt: skip
+                    f"{s.mode_name} = {s.k_max}. Dashed: the seed's I_k/beta, whose maximiser is always 1."))  # fmt: skip
     if "k_max_curve" in results:
         out.append(("k_max", plot_k_max_curve(results["k_max_curve"]),
-                    "Most unstable mode against beta, with sqrt(2 beta)."))  # fmt: skip
+                    "Most unstable mode against beta, with "
+                    f"{large_beta_formula(results['k_max_curve'].dim)}."))  # fmt: skip
     if "cluster_prediction" in results:
         out.append(("cluster_prediction", plot_cluster_prediction(results["cluster_prediction"]),
                     "First-plateau cluster counts of particle runs (dots: seeds) beside k_max."))  # fmt: skip
-    for i, fit in enumerate(results.get("growth_fits", [])):
-        out.append((f"growth_fit_{i}", plot_growth_fit(fit),
-                    "Linear phase: fitted growth of the Fourier amplitudes against lambda_k."))  # fmt: skip
+    for fit in results.get("growth_fits", []):
+        # named by what it fits (growth_fit_sa_beta16), not by its place in the list
+        out.append((f"growth_fit_{fit.normalization}_beta{fit.beta:g}", plot_growth_fit(fit),
+                    f"Linear phase ({fit.normalization}, beta = {fit.beta:g}): fitted growth "
+                    "of the Fourier amplitudes against lambda_k."))  # fmt: skip
     if "pde" in results:
         out.append(("pde_vs_particles", plot_pde_comparison(results["pde"]),
                     "The PDE on the circle against particle runs; W1 falls with n."))  # fmt: skip
