@@ -97,3 +97,24 @@ def test_the_report_keeps_its_axes_on_the_bulk(tmp_path):
     assert not any(
         (t.get("meta") or {}).get("kind") == "outside" for t in data["views"]["2d-raw"]["data"]
     )
+
+
+def test_generated_tokens_far_out_are_marked_not_stretching_the_axes(tmp_path):
+    """Two generated tokens thrown far out stretched the demo's axis to -4000."""
+    from tests.e2e.test_report_browser import _with_lens_and_generation
+
+    states, labels = clustered(n_per_category=3, n_time=10, n_feature=24)
+    ds = _with_lens_and_generation(states, labels, n_gen=2)
+    far = ds["states"].values.copy()
+    far[:, -1] -= 80 * np.abs(states).max()  # the last generated token, at every layer
+    ds["states"] = (ds["states"].dims, far)
+    data = payload(write_report([write_run(tmp_path / "gen", ds)], tmp_path / "gen.html"))
+    view = data["views"]["2d-raw"]
+    marks = [t for t in view["data"] if (t.get("meta") or {}).get("kind") == "outside"]
+    assert len(marks) == 1 and all("generated token 2" in t for t in marks[0]["text"])
+    gen = [t for t in view["data"] if (t.get("meta") or {}).get("kind") == "gen"]
+    assert len(gen) == 2
+    near = [v for t in view["data"] if (t.get("meta") or {}).get("kind") == "path" for v in t["y"]]
+    low, high = view["layout"]["yaxis"]["range"]
+    assert low <= min(near) and max(near) <= high
+    assert high - low < 3 * (max(near) - min(near))  # the bulk fills the axis

@@ -479,12 +479,12 @@ def _view(
         for p, (xyz, _rows) in s.generated.items():
             pooled.append(xyz[key])
             who += [(number, p, j + 1) for j in range(xyz[key].shape[1])]
-    points = np.concatenate(pooled, axis=1)  # (time, all points, 3)
+    every_point = np.concatenate(pooled, axis=1)  # (time, all points, 3)
     n_axes = len(axes)
-    ranges, outside = bulk_ranges(points[..., :n_axes])
+    ranges, outside = bulk_ranges(every_point[..., :n_axes])
 
     # one rounding for the whole view, so that shared points stay equal
-    decimals = _decimals(points.ravel())
+    decimals = _decimals(every_point.ravel())
 
     def coords(xyz: np.ndarray) -> dict[str, Any]:
         return {a: _rounded(xyz[..., i], decimals) for i, a in enumerate(axes)}
@@ -607,7 +607,9 @@ def _view(
     ] * 3
     if outside.any():
         data.append(
-            _outside_trace(points[..., :n_axes], outside, ranges, who, sets, times, axes, time_name)
+            _outside_trace(
+                every_point[..., :n_axes], outside, ranges, who, sets, times, axes, time_name
+            )
         )
     redraw = three
     animate = {"mode": "immediate", "frame": {"duration": 0, "redraw": redraw}}
