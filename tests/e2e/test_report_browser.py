@@ -455,15 +455,30 @@ def test_one_far_prompt_does_not_set_the_axes_and_is_marked(browser, outlier_rep
     # 3-D: the whole box and its axis titles above the slider
     page.locator('input[value="3d"]').first.check()
     page.wait_for_selector("#trajectories-0 .gl-container canvas", timeout=10_000)
-    page.wait_for_timeout(500)
+    page.wait_for_timeout(1500)
     page.locator("#trajectories-0").screenshot(path=str(tmp_path / "outlier-3d.png"))
-    scene_bottom, slider_top = page.evaluate(
+    # the same without the slider and buttons (hidden, not removed: nothing moves),
+    # so that what is left at the scene's edge is the 3-D drawing itself
+    page.add_style_tag(content=".slider-container, .updatemenu-container {visibility: hidden}")
+    page.wait_for_timeout(300)
+    shot = tmp_path / "outlier-3d-scene.png"
+    page.locator("#trajectories-0").screenshot(path=str(shot))
+    left, right, bottom, slider_top = page.evaluate(
         f"""(() => {{ const gd = {PLOT}, s = gd._fullLayout._size, d = gd._fullLayout.scene.domain;
         const top = gd.querySelector('.slider-container').getBoundingClientRect().top
           - gd.getBoundingClientRect().top;
-        return [s.t + (1 - d.y[0]) * s.h, top]; }})()"""
+        return [s.l + d.x[0] * s.w, s.l + d.x[1] * s.w, s.t + (1 - d.y[0]) * s.h, top]; }})()"""
     )
-    assert scene_bottom < slider_top
-    eye = page.evaluate(f"{PLOT}._fullLayout.scene.camera.eye")
-    assert (eye["x"] ** 2 + eye["y"] ** 2 + eye["z"] ** 2) ** 0.5 > 1.25 * 3**0.5
+    assert bottom < slider_top
+    # What a reader sees: nothing of the box (its lines, ticks, axis titles) runs into
+    # the bottom edge of the scene, where the drawing would be cut off.
+    from PIL import Image
+
+    image = np.asarray(Image.open(shot).convert("RGB"), dtype=int)
+    scale = image.shape[1] / page.evaluate(f"{PLOT}.getBoundingClientRect().width")
+    rows = image[
+        int((bottom - 4) * scale) : int(bottom * scale), int(left * scale) : int(right * scale)
+    ]
+    dark = int((rows.min(axis=-1) < 160).sum())
+    assert dark <= 3, f"{dark} dark pixels on the scene's bottom edge: the 3-D box is cut off"
     assert problems == []

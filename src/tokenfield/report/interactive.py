@@ -666,8 +666,7 @@ def _view(
         layout["scene"]["aspectmode"] = "cube"
         # plotly's default camera (eye at 1.25, 1.25, 1.25) puts the box's near
         # corner and the axis titles below the scene, under the slider: step back.
-        layout["scene"]["camera"] = {"eye": {"x": 1.5, "y": 1.5, "z": 1.1}}
-        layout["scene"]["domain"] = {"x": [0.0, 1.0], "y": [0.08, 1.0]}
+        layout["scene"]["camera"] = {"eye": {"x": 1.6, "y": 1.6, "z": 1.15}}
     else:
         for i, a in enumerate(axes):
             layout[f"{a}axis"] = {
