@@ -118,3 +118,17 @@ def test_generated_tokens_far_out_are_marked_not_stretching_the_axes(tmp_path):
     low, high = view["layout"]["yaxis"]["range"]
     assert low <= min(near) and max(near) <= high
     assert high - low < 3 * (max(near) - min(near))  # the bulk fills the axis
+
+
+def test_a_small_overlay_elsewhere_is_shown_not_marked():
+    """Another model's overlay (few paths, far from the run) ran off the plot; judged
+    as its own run, its bulk is inside the axes."""
+    rng = np.random.default_rng(3)
+    points = rng.normal(size=(8, 45, 2))
+    points[:, 40:] += np.array([40.0, 25.0])  # 5 overlay paths against 40 of the run
+    groups = [0] * 40 + [1] * 5
+    ranges, outside = bulk_ranges(points, groups)
+    assert not outside.any()
+    assert ranges[0][1] > 40 and ranges[1][1] > 25
+    _, pooled = bulk_ranges(points)  # judged together, the overlay would be "outliers"
+    assert pooled[:, 40:].all()

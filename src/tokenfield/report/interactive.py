@@ -74,20 +74,21 @@ FENCE = 3.0
 
 
 def bulk_ranges(
-    points: np.ndarray, *, fence: float = FENCE
+    points: np.ndarray, groups: Sequence[Any] | None = None, *, fence: float = FENCE
 ) -> tuple[list[list[float]], np.ndarray]:
     """Axis ranges that show the bulk of the points, and which points they leave out.
 
-    Each time step is judged on its own: a point is an outlier on an axis when it
-    lies more than ``fence`` interquartile ranges beyond the quartiles of all the
-    points at that time (the run's paths, its generated tokens and its overlays
-    pooled). So a whole run that moves together (the norm growing with depth, an
-    overlay of another model) stays inside the axes, while one prompt thrown far
-    out at one layer, or two generated tokens, no longer squash everything else
-    into a corner.
+    Each run drawn (``groups``: the report's run and each overlay, each with its
+    generated tokens) and each time step is judged on its own: a point is an
+    outlier on an axis when it lies more than ``fence`` interquartile ranges beyond
+    the quartiles of its run's points at that time. So a whole run that moves
+    together (the norm growing with depth, an overlay of another model elsewhere)
+    stays inside the axes, while one prompt thrown far out at one layer, or two
+    generated tokens, no longer squash everything else into a corner.
 
     Args:
         points: (time, n, axes) coordinates; NaN for missing points.
+        groups: (n,) which run each point belongs to; one run when ``None``.
 
     Returns:
         ``(ranges, outside)``: per axis ``[low, high]`` (the bulk padded by 5%),
@@ -95,20 +96,25 @@ def bulk_ranges(
     """
     points = np.asarray(points, dtype=np.float64)
     finite = np.isfinite(points)
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN times
-        q1 = np.nanquantile(points, 0.25, axis=1, keepdims=True)  # (time, 1, axes)
-        q3 = np.nanquantile(points, 0.75, axis=1, keepdims=True)
-        spread = q3 - q1
-        # a floor, so that a time where (nearly) every point sits in one place
-        # does not call its neighbours outliers
-        overall = np.nanquantile(points, 0.75, axis=(0, 1)) - np.nanquantile(
-            points, 0.25, axis=(0, 1)
-        )
-    floor = 0.05 * np.where(np.isfinite(overall) & (overall > 0), overall, 1.0)
-    spread = np.maximum(np.nan_to_num(spread, nan=0.0), floor)
-    lower, upper = q1 - fence * spread, q3 + fence * spread
-    outside_axis = finite & ((points < lower) | (points > upper))  # (time, n, axes)
+    labels = np.zeros(points.shape[1], dtype=int) if groups is None else np.asarray(groups)
+    outside_axis = np.zeros(points.shape, dtype=bool)  # (time, n, axes)
+    for group in np.unique(labels):
+        members = labels == group
+        mine = points[:, members]
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN times
+            q1 = np.nanquantile(mine, 0.25, axis=1, keepdims=True)  # (time, 1, axes)
+            q3 = np.nanquantile(mine, 0.75, axis=1, keepdims=True)
+            # a floor, so that a time where (nearly) every point sits in one place
+            # does not call its neighbours outliers
+            overall = np.nanquantile(mine, 0.75, axis=(0, 1)) - np.nanquantile(
+                mine, 0.25, axis=(0, 1)
+            )
+        floor = 0.05 * np.where(np.isfinite(overall) & (overall > 0), overall, 1.0)
+        spread = np.maximum(np.nan_to_num(q3 - q1, nan=0.0), floor)
+        with np.errstate(invalid="ignore"):
+            far = (mine < q1 - fence * spread) | (mine > q3 + fence * spread)
+        outside_axis[:, members] = finite[:, members] & far
     ranges = []
     for i in range(points.shape[-1]):
         kept = points[..., i][finite[..., i] & ~outside_axis[..., i]]
@@ -481,7 +487,7 @@ def _view(
             who += [(number, p, j + 1) for j in range(xyz[key].shape[1])]
     every_point = np.concatenate(pooled, axis=1)  # (time, all points, 3)
     n_axes = len(axes)
-    ranges, outside = bulk_ranges(every_point[..., :n_axes])
+    ranges, outside = bulk_ranges(every_point[..., :n_axes], [run for run, _, _ in who])
 
     # one rounding for the whole view, so that shared points stay equal
     decimals = _decimals(every_point.ravel())
