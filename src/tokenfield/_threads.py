@@ -3,9 +3,10 @@
 torch's default is one thread per core. On a machine whose cores are busy with
 other work that collapses: torch's OpenMP threads wait for each other at every
 parallel region, and one thread that shares its core with another process holds
-all the others up. Measured on the project's 2-core machine with about six other
-jobs running (load 5 to 11): the 21-prompt ``trace`` of the README took 40 to
-124 s with torch's 2 threads and 37 to 47 s with 1 (README, "Threads").
+all the others up. Measured on the project's 2-core machine with other jobs
+running (load 6 to 27): the README's 21-prompt ``trace`` took 133 to 275 s with
+torch's 2 threads and 117 to 130 s with this rule's 1; its ``steer`` example 571
+to 1160 s against 182 to 201 s (README, "Threads").
 
 So the command line uses the cores that are idle: ``cores - load`` (the
 one-minute load average, rounded), at least 1 and at most the cores this
