@@ -126,12 +126,17 @@ def stability_command(
     dynamics, time = _dynamics(dynamics), _time(time)
     if (beta is None) == (beta_range is None):
         raise UserError("pass exactly one of --beta and --beta-range", "e.g. --beta 9")
-    # --out FILE.png|svg writes that one figure; --out DIR (anything else) writes
-    # DIR/stability.json and DIR/figures/*.png|svg, like every mean-field command.
+    # --out FILE.png|svg writes that one figure; --out DIR (no suffix, or a directory)
+    # writes DIR/stability.json and DIR/figures/*.png|svg, like every mean-field command.
     figure_file = out is not None and out.suffix.lower() in (".png", ".svg") and not out.is_dir()
     out_dir = None
     if figure_file:
         _out_dir(out.parent if str(out.parent) else Path("."), lock=False)  # type: ignore[union-attr]
+    elif out is not None and out.suffix and not out.is_dir():
+        raise UserError(
+            f"--out '{out}' must end in .png or .svg, or name a directory",
+            "e.g. --out kmax.png or --out mf/",
+        )
     elif out is not None:
         out_dir = _out_dir(out)
     console = make_console(stderr=as_json)  # stdout holds the JSON
