@@ -9,6 +9,7 @@ then gives them all the width they need.
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 #: Width of a console that is not a terminal: wide enough never to cut a table.
@@ -173,3 +174,65 @@ class TaskLines:
         if self._progress is not None:
             self._progress.update(self._tasks[name], completed=1, state=state)
             self._progress.stop_task(self._tasks[name])
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``"1 item"``, ``"3 items"``; ``many`` for an irregular plural."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
+
+
+class Stages:
+    """Progress for work done in named stages (``analyze``, ``report``,
+    ``metastability``): one line on stderr with the stage running now, a count of
+    stages done and the time elapsed.
+
+    The library reports a stage by calling :func:`stage`, which does nothing
+    unless a ``Stages`` is active (the command line opens one); so library calls
+    stay silent. The line is drawn only on a terminal and removed when the work
+    ends (the command then prints its own "wrote ..."), so it never adds to an
+    error's one line or to the output of a pipe. ``seen`` lists the stages
+    reported, in order.
+
+    Example:
+        >>> with Stages("analysing runs/x"):
+        ...     stage("figures")
+    """
+
+    def __init__(self, label: str, total: int | None = None, *, enabled: bool | None = None):
+        self.label = label
+        self.seen: list[str] = []
+        if enabled is None:
+            enabled = console(stderr=True).is_terminal
+        counter = "{task.completed:.0f}" + ("/{task.total:.0f}" if total else "")
+        self._bar = ProgressBar(
+            label, total, enabled=enabled, unit="steps", counter=counter, transient=True
+        )
+        self._token: Any = None
+
+    def __enter__(self) -> Stages:
+        self._bar.__enter__()
+        self._token = _ACTIVE.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        _ACTIVE.reset(self._token)
+        return self._bar.__exit__(*exc)
+
+    def stage(self, what: str) -> None:
+        """Start the stage ``what`` (the one before counts as done)."""
+        if self.seen:
+            self._bar.advance(1)
+        self.seen.append(what)
+        self._bar.update(label=f"{self.label}: {what}")
+
+
+_ACTIVE: contextvars.ContextVar[Stages | None] = contextvars.ContextVar(
+    "tokenfield_stages", default=None
+)
+
+
+def stage(what: str) -> None:
+    """Report that the stage ``what`` starts, to the active :class:`Stages` (if any)."""
+    active = _ACTIVE.get()
+    if active is not None:
+        active.stage(what)

@@ -410,3 +410,75 @@ def test_a_simulation_section_renders(browser, tmp_path, d):
     label = page.locator("#trajectories-0 .slider-container text").first.text_content()
     assert label.strip() == "time: 5.8"  # times shown as numbers, not 5.800000000000001
     assert problems == []
+
+
+# --- issue 21: the axes show the bulk; the 3-D box is not cut off -----------------
+
+
+@pytest.fixture(scope="module")
+def outlier_report(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("outlier")
+    states, labels = clustered(n_per_category=3, n_time=12, n_feature=32)
+    states = states.copy()
+    states[4:7, 7] += 60 * np.abs(states).max()  # prompt 8 thrown far out at layers 4..6
+    return write_report([write_run(root / "run", trace_dataset(states, labels))], root / "r.html")
+
+
+def test_one_far_prompt_does_not_set_the_axes_and_is_marked(browser, outlier_report, tmp_path):
+    page, problems = _open(browser, outlier_report)
+    page.screenshot(path=str(tmp_path / "outlier-2d.png"))  # what a reader sees
+    marks = page.evaluate(
+        f"{PLOT}.data.map((t, i) => [i, t.meta && t.meta.kind]).filter(p => p[1] === 'outside')"
+    )
+    assert len(marks) == 1
+    index = marks[0][0]
+    legend = page.locator("#trajectories-0 .legend .traces", has_text="outside the axes")
+    assert legend.count() == 1 and "3 points outside the axes" in legend.first.text_content()
+    # every other point is drawn inside the plot area, and the prompts' last points
+    # (the end markers) spread over a good part of it: not squashed into a corner
+    inside = page.evaluate(
+        f"""(() => {{ const gd = {PLOT}, xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        const [x0, x1] = xa.range, [y0, y1] = ya.range;
+        const pts = [];
+        gd.data.forEach(t => {{ if (!t.meta || t.meta.kind !== 'path') return;
+          t.x.forEach((x, k) => pts.push([x, t.y[k], t.hovertemplate.startsWith('<b>8<') && k >= 4 && k <= 6])); }});
+        const kept = pts.filter(p => !p[2]);
+        const out = kept.filter(p => p[0] < x0 || p[0] > x1 || p[1] < y0 || p[1] > y1).length;
+        const ys = kept.map(p => p[1]), xs = kept.map(p => p[0]);
+        return [out, (Math.max(...xs) - Math.min(...xs)) / (x1 - x0),
+                (Math.max(...ys) - Math.min(...ys)) / (y1 - y0)]; }})()"""
+    )
+    assert inside[0] == 0
+    assert inside[1] > 0.8 and inside[2] > 0.8  # the bulk fills the axes
+    text = _hover_point(page, index, 1)
+    assert "outside the axes" in text and "layer 5" in text and "8 · " in text
+    # 3-D: the whole box and its axis titles above the slider
+    page.locator('input[value="3d"]').first.check()
+    page.wait_for_selector("#trajectories-0 .gl-container canvas", timeout=10_000)
+    page.wait_for_timeout(1500)
+    page.locator("#trajectories-0").screenshot(path=str(tmp_path / "outlier-3d.png"))
+    # the same without the slider and buttons (hidden, not removed: nothing moves),
+    # so that what is left at the scene's edge is the 3-D drawing itself
+    page.add_style_tag(content=".slider-container, .updatemenu-container {visibility: hidden}")
+    page.wait_for_timeout(300)
+    shot = tmp_path / "outlier-3d-scene.png"
+    page.locator("#trajectories-0").screenshot(path=str(shot))
+    left, right, bottom, slider_top = page.evaluate(
+        f"""(() => {{ const gd = {PLOT}, s = gd._fullLayout._size, d = gd._fullLayout.scene.domain;
+        const top = gd.querySelector('.slider-container').getBoundingClientRect().top
+          - gd.getBoundingClientRect().top;
+        return [s.l + d.x[0] * s.w, s.l + d.x[1] * s.w, s.t + (1 - d.y[0]) * s.h, top]; }})()"""
+    )
+    assert bottom < slider_top
+    # What a reader sees: nothing of the box (its lines, ticks, axis titles) runs into
+    # the bottom edge of the scene, where the drawing would be cut off.
+    from PIL import Image
+
+    image = np.asarray(Image.open(shot).convert("RGB"), dtype=int)
+    scale = image.shape[1] / page.evaluate(f"{PLOT}.getBoundingClientRect().width")
+    rows = image[
+        int((bottom - 4) * scale) : int(bottom * scale), int(left * scale) : int(right * scale)
+    ]
+    dark = int((rows.min(axis=-1) < 160).sum())
+    assert dark <= 3, f"{dark} dark pixels on the scene's bottom edge: the 3-D box is cut off"
+    assert problems == []

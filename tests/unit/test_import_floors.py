@@ -28,7 +28,18 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("viz", "report"),
     ("analysis", "meanfield", "steering"),
     ("models", "particles"),
-    ("runs", "prompts", "_io", "errors", "_lock", "_progress", "_version", "_device", "_dask"),
+    (
+        "runs",
+        "prompts",
+        "_io",
+        "errors",
+        "_lock",
+        "_progress",
+        "_threads",
+        "_version",
+        "_device",
+        "_dask",
+    ),  # fmt: skip
 )
 LEVEL = {package: len(FLOORS) - i for i, floor in enumerate(FLOORS) for package in floor}
 

@@ -8,10 +8,12 @@ one line on stderr and exit status 2, with no traceback.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
 
+from tokenfield._threads import configure_threads
 from tokenfield.cli._app import app
 from tokenfield.cli._options import user_error
 from tokenfield.errors import UserError
@@ -73,7 +75,13 @@ def main(argv: list[str] | None = None) -> None:
 
     runs.reset_write_log()
     previous = _install_signal_handlers()
+    threads_before = os.environ.get("OMP_NUM_THREADS")
     try:
+        if "torch" not in sys.modules:
+            # Before torch loads: as many threads as there are idle cores, not
+            # torch's one per core, which collapses on a busy machine (README,
+            # "Threads"). OMP_NUM_THREADS or TOKENFIELD_THREADS override it.
+            configure_threads()
         code = app(args=argv, standalone_mode=False, prog_name="tokenfield")
         if isinstance(code, int) and not isinstance(code, bool) and code == 130:
             # typer's own KeyboardInterrupt path (an interrupt outside our handler).
@@ -109,6 +117,11 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(130)
         raise
     finally:
+        # torch has read it by now; callers in this process see their own value.
+        if threads_before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads_before
         _lock.release_all()
         for signum, handler in previous.items():
             with contextlib.suppress(ValueError, OSError, TypeError):

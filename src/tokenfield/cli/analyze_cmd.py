@@ -69,6 +69,7 @@ def analyze_command(
 
     from rich.table import Table
 
+    from tokenfield._progress import Stages
     from tokenfield._progress import console as make_console
     from tokenfield.analysis.run_analysis import summary_rows
     from tokenfield.errors import UserError
@@ -87,7 +88,7 @@ def analyze_command(
         check_baseline(run, baseline)  # same kind, dimension and prompts, or one line
     console = make_console()  # the table and "wrote": the spinner is on stderr
     started = time.perf_counter()
-    with make_console(stderr=True).status(f"analysing {run}"):
+    with Stages(f"analysing {run}"):
         metrics = analyze_run(
             run,
             baseline=baseline,

@@ -102,7 +102,10 @@ def stability_command(
     ] = None,
     out: Annotated[
         Path | None,
-        out_option(help="Figure file (.png or .svg) for --beta-range or --beta."),
+        out_option(
+            help="A figure file (.png or .svg), or a directory for stability.json and "
+            "figures/ (like the other mean-field commands)."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
@@ -114,16 +117,29 @@ def stability_command(
     from rich.table import Table
 
     from tokenfield._progress import console as make_console
-    from tokenfield.meanfield.stability import k_max_curve, stability_spectrum
+    from tokenfield.meanfield.stability import (
+        k_max_curve,
+        large_beta_formula,
+        stability_spectrum,
+    )
 
     dynamics, time = _dynamics(dynamics), _time(time)
     if (beta is None) == (beta_range is None):
         raise UserError("pass exactly one of --beta and --beta-range", "e.g. --beta 9")
-    if out is not None and out.suffix.lower() not in (".png", ".svg"):
-        raise UserError(f"--out '{out}' must end in .png or .svg")
-    if out is not None:
-        _out_dir(out.parent if str(out.parent) else Path("."), lock=False)  # one figure file
-    console = make_console()
+    # --out FILE.png|svg writes that one figure; --out DIR (no suffix, or a directory)
+    # writes DIR/stability.json and DIR/figures/*.png|svg, like every mean-field command.
+    figure_file = out is not None and out.suffix.lower() in (".png", ".svg") and not out.is_dir()
+    out_dir = None
+    if figure_file:
+        _out_dir(out.parent if str(out.parent) else Path("."), lock=False)  # type: ignore[union-attr]
+    elif out is not None and out.suffix and not out.is_dir():
+        raise UserError(
+            f"--out '{out}' must end in .png or .svg, or name a directory",
+            "e.g. --out kmax.png or --out mf/",
+        )
+    elif out is not None:
+        out_dir = _out_dir(out)
+    console = make_console(stderr=as_json)  # stdout holds the JSON
     if beta is not None:
         spectrum = stability_spectrum(
             beta, dim=dim, normalization=dynamics, time=time, max_mode=max_mode, n_particles=n
@@ -142,11 +158,18 @@ def stability_command(
             for k, rate, mult in zip(
                 spectrum.modes, spectrum.growth_rates, spectrum.multiplicity, strict=True
             ):
-                mark = " <- k_max" if k == spectrum.k_max else ""
+                mark = f" <- {spectrum.mode_name}" if k == spectrum.k_max else ""
                 table.add_row(str(k), f"{rate:.6g}{mark}", str(mult))
             console.print(table)
-            console.print(f"k_max = {spectrum.k_max}   sqrt(2 beta) = {spectrum.sqrt_2beta:.3f}")
-        if out is not None:
+            nu = "" if dim == 2 else f" (nu = d/2 - 1 = {dim / 2 - 1:g})"
+            console.print(
+                f"{spectrum.mode_name} = {spectrum.k_max}   {large_beta_formula(dim)} = "
+                f"{spectrum.large_beta_mode:.3f}{nu}"
+            )
+        if out_dir is not None:
+            _emit(data, out_dir, "stability", as_json=False)
+            _figures({"spectrum": spectrum}, out_dir, console)
+        if figure_file:
             from tokenfield.viz.meanfield import plot_growth_rates
 
             plot_growth_rates(spectrum).savefig(out)
@@ -159,13 +182,16 @@ def stability_command(
     if as_json:
         typer.echo(json.dumps(curve.to_dict(), indent=2))
     elif out is None:
-        table = Table(title=f"k_max against beta, d = {dim}")
-        for column in ("beta", "k_max", "sqrt(2 beta)"):
+        table = Table(title=f"{curve.mode_name} against beta, d = {dim}")
+        for column in ("beta", curve.mode_name, large_beta_formula(dim)):
             table.add_column(column, justify="right")
-        for b, k, s in zip(curve.betas, curve.k_max, curve.sqrt_2beta, strict=True):
+        for b, k, s in zip(curve.betas, curve.k_max, curve.large_beta_mode, strict=True):
             table.add_row(f"{b:g}", str(k), f"{s:.3f}")
         console.print(table)
-    if out is not None:
+    if out_dir is not None:
+        _emit(curve.to_dict(), out_dir, "stability", as_json=False)
+        _figures({"k_max_curve": curve}, out_dir, console)
+    if figure_file:
         from tokenfield.viz.meanfield import plot_k_max_curve
 
         plot_k_max_curve(curve).savefig(out)
@@ -439,6 +465,7 @@ def metastability_command(
     """First-merge times of k separated clusters against beta, and the slope of log T."""
     from rich.table import Table
 
+    from tokenfield._progress import Stages
     from tokenfield._progress import console as make_console
     from tokenfield.meanfield.metastability import cap_centres, metastability
 
@@ -449,7 +476,7 @@ def metastability_command(
     cap_centres(caps, dim)
     out = _out_dir(out)
     console = make_console(stderr=as_json)  # stdout holds the JSON
-    with limit_threads(1), make_console(stderr=True).status("simulating"):
+    with limit_threads(1), Stages("simulating", total=len(values)):
         result = metastability(
             values, k=caps, dim=dim, per_cap=per_cap, cap_radius=cap_radius,
             normalization=dynamics, time=time, seeds=seeds, eps=eps, t_cap=t_cap,

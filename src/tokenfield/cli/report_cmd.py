@@ -65,6 +65,7 @@ def report_command(
     """
     import time
 
+    from tokenfield._progress import Stages
     from tokenfield._progress import console as make_console
     from tokenfield.report.html import unanalysed_runs, write_report
     from tokenfield.runs import read_run_info
@@ -75,7 +76,7 @@ def report_command(
     for run in [*(runs or []), *(parse_overlay(o)[0] for o in overlay or [])]:
         read_run_info(run)  # a clear error before any work
     in_memory = unanalysed_runs(runs or [])
-    with make_console(stderr=True).status("writing the report"):
+    with Stages("report"):
         path = write_report(
             runs or [],
             out,

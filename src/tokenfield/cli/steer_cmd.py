@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from tokenfield._progress import plural
 from tokenfield.cli._app import app
 from tokenfield.cli._options import (
     Json,
@@ -170,7 +171,7 @@ def steer_command(
     from tokenfield.viz.steering import plot_steered_paths, save
 
     (out / "figures").mkdir(exist_ok=True)
-    save(plot_steered_paths(result), out / "figures" / "steered_paths")
+    save(plot_steered_paths(result, times=_time_convention(run)), out / "figures" / "steered_paths")
     if as_json:
         echo_json({"rows": result["rows"], "out": str(out)})
         console.print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
@@ -189,6 +190,7 @@ def steer_command(
         table.add_row(r["condition"], f"{r['alpha']:g}", f"{r['progress_at_layer']:.2f}",
                       f"{r['progress_final']:.2f}", f"{r['kl_mean']:.3f}", f"{r['top1_changed']:.0%}")  # fmt: skip
     make_console().print(table)
+    make_console(stderr=True).print(PROGRESS_NOTE)
     make_console().print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
 
 
@@ -247,8 +249,8 @@ def eval_steering_command(
         str,
         typer.Option(
             "--dtype",
-            help="Weights and activations: float32 (default) or bfloat16 (about twice as "
-            "fast on CPUs with bf16 support; answers can differ slightly).",
+            help="Weights and activations: float32 (default) or bfloat16 (answers can "
+            "differ slightly; its speed has not been measured, see docs/steering.md).",
         ),
     ] = "float32",
     overwrite: Annotated[bool, overwrite_option()] = False,
@@ -322,6 +324,27 @@ def eval_steering_command(
     Console(stderr=as_json).print(f"wrote {out / 'eval.json'} and {out / 'figures'}")
 
 
+PROGRESS_NOTE = (
+    "note: progress = 1 - d(steered, target centroid) / d(unsteered, target centroid), "
+    "mean over the source prompts (0: not moved, 1: on the centroid). At alpha = 1 the "
+    "source prompts' mean lands on the target centroid, but each prompt keeps its own "
+    "distance from that mean, so progress@layer stays below 1 (see docs/steering.md)."
+)
+
+
+def _time_convention(run: Path) -> str:
+    """The times the run's own figures use (its metrics.json; ``seed`` before
+    it is analysed, analyze's default)."""
+    import json
+
+    try:
+        options = json.loads((run / "metrics.json").read_text(encoding="utf-8")).get("options")
+        times = options.get("times", "seed") if isinstance(options, dict) else "seed"
+    except (OSError, ValueError, AttributeError):
+        return "seed"
+    return times if times in ("seed", "all") else "seed"
+
+
 def summary_text(result: dict) -> str:
     """The evaluation in words: the selected condition, the test table, the verdict."""
     sel, steered, cs = result["selected"], result["steered"], result["control_summary"]
@@ -339,7 +362,8 @@ def summary_text(result: dict) -> str:
         f"  label shuffle      {result['label_shuffle']['accuracy']:.3f}",
         f"  {cs['k']} random controls: median {cs['median']:.3f}, 95th percentile "
         f"{cs['p95']:.3f}, max {cs['max']:.3f}; steered ranks {cs['rank']} of {cs['k'] + 1}",
-        f"  McNemar (steered vs unsteered word form): {result['mcnemar']['b']} items fixed, "
+        f"  McNemar (steered vs unsteered word form): "
+        f"{plural(result['mcnemar']['b'], 'item')} fixed, "
         f"{result['mcnemar']['c']} broken, exact p = {result['mcnemar_p']:.3g}",
     ]
     if result["verdict"] == "supports":

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tokenfield._io import to_jsonable
+from tokenfield._progress import stage
 from tokenfield.analysis.clusters import cluster_count, count_changes
 from tokenfield.errors import UserError
 from tokenfield.particles import Adaptive, Dynamics, SaveAt, simulate
@@ -200,7 +201,11 @@ def metastability(
     :class:`MetastabilityConfig`) or its fields as keywords (``k=3, dim=2``)."""
     config = MetastabilityConfig.of(config, **overrides)
     betas = np.asarray(sorted(float(b) for b in np.atleast_1d(betas)), dtype=np.float64)
-    times = np.stack([first_merge_times(float(b), config) for b in betas])  # (b, seeds)
+    rows = []
+    for b in betas:
+        stage(f"beta = {b:g}")  # progress, when the command line shows it
+        rows.append(first_merge_times(float(b), config))
+    times = np.stack(rows)  # (b, seeds)
     usable = np.isfinite(times).all(axis=1)
     if fit_min_beta is not None:
         usable &= betas >= fit_min_beta

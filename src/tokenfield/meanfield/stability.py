@@ -131,10 +131,16 @@ def harmonic_dimension(degree: Any, dim: int) -> np.ndarray:
     degree = _modes(degree)
     if dim == 2:
         return np.where(degree == 0, 1, 2).astype(np.int64)
-    deg = degree.astype(np.float64)
-    log_count = gammaln(deg + dim - 1) - gammaln(deg + 1) - gammaln(dim - 1)
-    count = (2 * deg + dim - 2) / (deg + dim - 2) * np.exp(log_count)
-    return np.round(count).astype(np.int64)
+    # Exact: C(l+d-1, l) - C(l+d-3, l-2). Python integers, since the count passes
+    # 2^63 for large d and l (d = 32, l = 69); an int64 array when it fits.
+    counts = []
+    for value in degree.tolist():
+        deg = int(value)
+        lower = math.comb(deg + dim - 3, deg - 2) if deg >= 2 else 0
+        counts.append(math.comb(deg + dim - 1, deg) - lower)
+    if max(counts, default=0) < 2**63:
+        return np.array(counts, dtype=np.int64)
+    return np.array(counts, dtype=object)
 
 
 def _scaled_rates(degree: np.ndarray, beta: float, dim: int, normalization: str) -> np.ndarray:
@@ -284,8 +290,20 @@ class StabilitySpectrum:
 
     @property
     def sqrt_2beta(self) -> float:
-        """The large-``beta`` prediction ``sqrt(2 beta)`` for ``k_max`` (circle)."""
+        """``sqrt(2 beta)``: the large-``beta`` prediction for ``k_max`` on the circle."""
         return math.sqrt(2 * abs(self.beta))
+
+    @property
+    def mode_name(self) -> str:
+        """``k_max`` on the circle (Fourier modes), ``l_max`` on ``S^{d-1}``, d >= 3
+        (harmonic degrees)."""
+        return mode_name(self.dim)
+
+    @property
+    def large_beta_mode(self) -> float:
+        """The large-``beta`` prediction for the most unstable mode:
+        ``sqrt(2 beta + nu^2) - nu``, ``nu = d/2 - 1`` (``sqrt(2 beta)`` on the circle)."""
+        return float(large_beta_mode(self.beta, self.dim))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -294,13 +312,35 @@ class StabilitySpectrum:
             "normalization": self.normalization,
             "time": self.time,
             "n_particles": self.n_particles,
-            "k_max": self.k_max,
+            "mode_name": self.mode_name,
+            "k_max": self.k_max,  # the most unstable mode; the degree l_max for d >= 3
             "top_rate": self.top_rate,
             "sqrt_2beta": self.sqrt_2beta,
+            "large_beta_mode": self.large_beta_mode,
+            "large_beta_formula": large_beta_formula(self.dim),
             "modes": self.modes.tolist(),
             "growth_rates": [float(r) for r in self.growth_rates],
             "multiplicity": self.multiplicity.tolist(),
         }
+
+
+def mode_name(dim: int) -> str:
+    """What the most unstable mode is called: ``k_max`` (circle) or ``l_max`` (d >= 3)."""
+    return "k_max" if int(dim) == 2 else "l_max"
+
+
+def large_beta_formula(dim: int) -> str:
+    """The large-``beta`` law for the most unstable mode, as printed."""
+    return "sqrt(2 beta)" if int(dim) == 2 else "sqrt(2 beta + nu^2) - nu"
+
+
+def large_beta_mode(beta: Any, dim: int = 2) -> Any:
+    """``sqrt(2 |beta| + nu^2) - nu`` with ``nu = d/2 - 1``: where
+    ``(m^2 - nu^2) e^{-m^2/(2 beta)}`` (the rate ``l (l + d - 2) I_{l+nu}(beta)``
+    with ``m = l + nu`` and ``I_m(beta) ~ e^beta e^{-m^2/(2 beta)}``) peaks;
+    ``sqrt(2 beta)`` on the circle."""
+    nu = int(dim) / 2 - 1
+    return np.sqrt(2 * np.abs(beta) + nu * nu) - nu
 
 
 def default_max_mode(beta: float, dim: int = 2) -> int:
@@ -379,15 +419,27 @@ class KmaxCurve:
     def sqrt_2beta(self) -> np.ndarray:
         return np.sqrt(2 * np.abs(self.betas))
 
+    @property
+    def mode_name(self) -> str:
+        return mode_name(self.dim)
+
+    @property
+    def large_beta_mode(self) -> np.ndarray:
+        """:func:`large_beta_mode` at every ``beta``: ``sqrt(2 beta + nu^2) - nu``."""
+        return large_beta_mode(self.betas, self.dim)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "dim": self.dim,
             "normalization": self.normalization,
             "time": self.time,
+            "mode_name": self.mode_name,
             "beta": self.betas.tolist(),
-            "k_max": self.k_max.tolist(),
+            "k_max": self.k_max.tolist(),  # the degree l_max for d >= 3
             "top_rate": [float(r) for r in self.top_rate],
             "sqrt_2beta": self.sqrt_2beta.tolist(),
+            "large_beta_mode": self.large_beta_mode.tolist(),
+            "large_beta_formula": large_beta_formula(self.dim),
         }
 
 

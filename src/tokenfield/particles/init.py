@@ -230,6 +230,17 @@ def from_run(
                 f"cannot project {full}-dimensional states to d = {dim}",
                 f"pass --dim between 2 and {full}, or omit it",
             )
+        if dim > x.shape[0] and x.shape[0] < 2:
+            # One token spans one direction: no --dim of 2 or more can hold it.
+            # A run traced with --positions last keeps one token per prompt.
+            positions = ds.attrs["run"].get("config", {}).get("positions")
+            why = " (it was traced with --positions last)" if positions == "last" else ""
+            raise UserError(
+                f"prompt {prompt_index} of '{path}' has one token{why}, and --dim {dim} "
+                "needs at least as many tokens as dimensions",
+                "trace the prompts with --positions all to keep every token, "
+                "e.g. tokenfield trace -m smollm2 -p seed-spectrum --positions all -o runs/x",
+            )
         if dim > x.shape[0]:
             # n tokens span at most n principal directions.
             raise UserError(

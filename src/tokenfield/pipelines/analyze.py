@@ -12,6 +12,7 @@ from typing import Any
 
 import xarray as xr
 
+from tokenfield._progress import stage
 from tokenfield.analysis.projection import PROJECTION_NPZ
 from tokenfield.analysis.run_analysis import analyze
 from tokenfield.analysis.simulation import analyze_simulation
@@ -54,6 +55,7 @@ def analyze_run(
     base_ds = open_run(baseline) if isinstance(baseline, (str, Path)) else baseline
     if n_permutations < 0:
         raise UserError(f"--permutations must be >= 0, got {n_permutations}", "use e.g. 200")
+    stage("measuring" + (" (and the baseline)" if base_ds is not None else ""))
     result = analyze(
         ds,
         baseline=base_ds,
@@ -65,6 +67,7 @@ def analyze_run(
         times=times,
     )
     if result.info["kind"] == "simulation":
+        stage("clusters and energy of the simulation")
         result.simulation = analyze_simulation(ds)
     metrics = result.to_dict()
     metrics["run"] = str(path)
@@ -73,6 +76,7 @@ def analyze_run(
     written: list[str] = []
     if figures:
         folder = figures_dir(path)
+        stage("figures")
         written = [str(p.relative_to(path)) for p in write_figures(result, folder)]
         if result.simulation is not None:
             written += [
@@ -80,6 +84,7 @@ def analyze_run(
                 for p in simulation_viz.write_simulation_figures(result.simulation, ds, folder)
             ]
     metrics["figures"] = written
+    stage("writing metrics.json")
     result.frame.save(path / PROJECTION_NPZ)
     write_json_atomic(path / METRICS_JSON, metrics)
     return metrics

@@ -30,6 +30,7 @@ import numpy as np
 import xarray as xr
 
 from tokenfield._io import write_atomic
+from tokenfield._progress import stage
 from tokenfield.analysis.projection import (
     PROJECTION_NPZ,
     Projection,
@@ -206,6 +207,7 @@ def write_report(
         f'<a href="#run-{i}">{html.escape(path.name or str(path))}</a>'
         for i, path in enumerate(paths)
     )
+    stage("writing the page")
     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     page = (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>{REPORT_MARKER}"
@@ -227,6 +229,7 @@ def write_report(
 
 
 def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = ()) -> str:
+    stage(f"{path.name or path}: reading")
     ds = open_run(path)
     metrics_file = path / METRICS_JSON
     images: dict[str, tuple[str, bytes]] = {}
@@ -241,6 +244,7 @@ def _run_section(path: Path, index: int, overlays: Sequence[tuple[Path, str]] = 
         images = _read_images(path / FIGURES)
     else:
         options = {}
+        stage(f"{path.name or path}: analysing in memory (no metrics.json)")
         result = analyze(ds)
         metrics = result.to_dict()
         frame = result.frame
@@ -447,19 +451,22 @@ def _interactive(
         if "prompt_index" in selected.coords
         else {}
     )
-    others = [
-        _overlay_set(
-            selected,
-            states,
-            frames,
-            other,
-            label,
-            time_name=time_name,
-            base_name=name,
-            times_option=times_option,
+    stage(f"{name}: trajectory views")
+    others = []
+    for other, label in overlays:
+        stage(f"overlay {label or other}: projecting into {name}'s frame")
+        others.append(
+            _overlay_set(
+                selected,
+                states,
+                frames,
+                other,
+                label,
+                time_name=time_name,
+                base_name=name,
+                times_option=times_option,
+            )
         )
-        for other, label in overlays
-    ]
     payload = trajectory_views(
         main,
         others,

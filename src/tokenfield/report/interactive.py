@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import textwrap
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,20 @@ def _evenly(size: int, most: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, size - 1, most)).astype(int))
 
 
+def even_steps(size: int, most: int) -> list[int]:
+    """At most ``most`` indices of ``0 .. size-1`` one stride apart, the last one
+    included: the slider's frames. Evenly saved times then get evenly spaced
+    labels (0, 0.04, 0.08, ...), where rounding ``linspace`` gave uneven ones
+    (0, 0.04, 0.1, 0.14, ...); only the step to the last time may be shorter."""
+    if size <= most:
+        return list(range(size))
+    stride = -(-(size - 1) // (most - 1))  # ceil: at most `most` frames
+    index = list(range(0, size, stride))
+    if index[-1] != size - 1:
+        index.append(size - 1)
+    return index
+
+
 def _padded_range(values: np.ndarray) -> list[float]:
     finite = values[np.isfinite(values)]
     if finite.size == 0:
@@ -51,6 +66,65 @@ def _padded_range(values: np.ndarray) -> list[float]:
     low, high = float(finite.min()), float(finite.max())
     margin = 0.05 * (high - low) or 1.0
     return [low - margin, high + margin]
+
+
+#: A point is outside the bulk when it lies this many interquartile ranges beyond
+#: the quartiles of the points at its own time (Tukey's "far out" fence).
+FENCE = 3.0
+
+
+def bulk_ranges(
+    points: np.ndarray, groups: Sequence[Any] | None = None, *, fence: float = FENCE
+) -> tuple[list[list[float]], np.ndarray]:
+    """Axis ranges that show the bulk of the points, and which points they leave out.
+
+    Each run drawn (``groups``: the report's run and each overlay, each with its
+    generated tokens) and each time step is judged on its own: a point is an
+    outlier on an axis when it lies more than ``fence`` interquartile ranges beyond
+    the quartiles of its run's points at that time. So a whole run that moves
+    together (the norm growing with depth, an overlay of another model elsewhere)
+    stays inside the axes, while one prompt thrown far out at one layer, or two
+    generated tokens, no longer squash everything else into a corner.
+
+    Args:
+        points: (time, n, axes) coordinates; NaN for missing points.
+        groups: (n,) which run each point belongs to; one run when ``None``.
+
+    Returns:
+        ``(ranges, outside)``: per axis ``[low, high]`` (the bulk padded by 5%),
+        and a (time, n) boolean mask of the points outside the ranges on some axis.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    finite = np.isfinite(points)
+    labels = np.zeros(points.shape[1], dtype=int) if groups is None else np.asarray(groups)
+    outside_axis = np.zeros(points.shape, dtype=bool)  # (time, n, axes)
+    for group in np.unique(labels):
+        members = labels == group
+        mine = points[:, members]
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN times
+            q1 = np.nanquantile(mine, 0.25, axis=1, keepdims=True)  # (time, 1, axes)
+            q3 = np.nanquantile(mine, 0.75, axis=1, keepdims=True)
+            # a floor, so that a time where (nearly) every point sits in one place
+            # does not call its neighbours outliers
+            overall = np.nanquantile(mine, 0.75, axis=(0, 1)) - np.nanquantile(
+                mine, 0.25, axis=(0, 1)
+            )
+        floor = 0.05 * np.where(np.isfinite(overall) & (overall > 0), overall, 1.0)
+        spread = np.maximum(np.nan_to_num(q3 - q1, nan=0.0), floor)
+        with np.errstate(invalid="ignore"):
+            far = (mine < q1 - fence * spread) | (mine > q3 + fence * spread)
+        outside_axis[:, members] = finite[:, members] & far
+    ranges = []
+    for i in range(points.shape[-1]):
+        kept = points[..., i][finite[..., i] & ~outside_axis[..., i]]
+        ranges.append(_padded_range(kept if kept.size else points[..., i]))
+    # a point is marked when it falls outside the final ranges on some axis
+    with np.errstate(invalid="ignore"):
+        outside = np.zeros(points.shape[:2], dtype=bool)
+        for i, (low, high) in enumerate(ranges):
+            outside |= finite[..., i] & ((points[..., i] < low) | (points[..., i] > high))
+    return ranges, outside
 
 
 def _hover_text(text: str, width: int = 60) -> str:
@@ -86,7 +160,7 @@ def trajectory_figure(
         pcs = pcs.isel(time=~pcs["is_final_norm"].values)
     pcs = pcs.isel(particle=_evenly(pcs.sizes["particle"], MAX_PARTICLES))
     times = np.asarray(pcs["time"].values)
-    frame_index = _evenly(len(times), MAX_FRAMES)
+    frame_index = even_steps(len(times), MAX_FRAMES)
     n_components = pcs.sizes["component"]
     x = np.asarray(pcs.sel(component=1).transpose("time", "particle"), dtype=np.float32)
     y = (
@@ -331,7 +405,7 @@ def trajectory_views(
     sets = [main, *overlays]
     frame_keys = list(main.xyz)
     n_time = len(times)
-    frame_index = [int(k) for k in _evenly(n_time, MAX_FRAMES)]
+    frame_index = even_steps(n_time, MAX_FRAMES)
     text_table: list[list[str]] = []
     gen_table: list[list[list[str]]] = []
     hover_ids: list[list[int]] = []
@@ -401,20 +475,22 @@ def _view(
     data: list[dict[str, Any]] = []
     moving: list[int] = []
     gen_points: dict[str, list[Any]] = {}
-    # the axes fit the run's own paths (an overlay far away is found by zooming out)
-    extent = np.concatenate(
-        [sets[0].xyz[key].reshape(-1, 3)]
-        + [g[0][key].reshape(-1, 3) for g in sets[0].generated.values()]
-    )
+    # The axes show the bulk of every point drawn (paths, generated tokens,
+    # overlays), judged time by time; the few points beyond it are marked at the
+    # edge (see bulk_ranges). who: what each pooled point is, for its hover.
+    pooled, who = [], []
+    for number, s in enumerate(sets):
+        pooled.append(s.xyz[key])
+        who += [(number, p, 0) for p in range(s.xyz[key].shape[1])]
+        for p, (xyz, _rows) in s.generated.items():
+            pooled.append(xyz[key])
+            who += [(number, p, j + 1) for j in range(xyz[key].shape[1])]
+    every_point = np.concatenate(pooled, axis=1)  # (time, all points, 3)
+    n_axes = len(axes)
+    ranges, outside = bulk_ranges(every_point[..., :n_axes], [run for run, _, _ in who])
 
     # one rounding for the whole view, so that shared points stay equal
-    decimals = _decimals(
-        np.concatenate(
-            [extent.ravel()]
-            + [s.xyz[key].ravel() for s in sets]
-            + [g[0][key].ravel() for s in sets for g in s.generated.values()]
-        )
-    )
+    decimals = _decimals(every_point.ravel())
 
     def coords(xyz: np.ndarray) -> dict[str, Any]:
         return {a: _rounded(xyz[..., i], decimals) for i, a in enumerate(axes)}
@@ -535,6 +611,12 @@ def _view(
     share = ([f" ({r:.1%})" for r in list(explained)[:3]] if explained is not None else []) + [
         ""
     ] * 3
+    if outside.any():
+        data.append(
+            _outside_trace(
+                every_point[..., :n_axes], outside, ranges, who, sets, times, axes, time_name
+            )
+        )
     redraw = three
     animate = {"mode": "immediate", "frame": {"duration": 0, "redraw": redraw}}
     steps = [
@@ -582,13 +664,15 @@ def _view(
             }
         ],
     }
-    ranges = [_padded_range(extent[:, i]) for i in range(3)]
     if three:
         layout["scene"] = {
             f"{a}axis": {"title": {"text": f"PC{i + 1}{share[i]}"}, "range": ranges[i]}
             for i, a in enumerate(axes)
         }
         layout["scene"]["aspectmode"] = "cube"
+        # plotly's default camera (eye at 1.25, 1.25, 1.25) puts the box's near
+        # corner and the axis titles below the scene, under the slider: step back.
+        layout["scene"]["camera"] = {"eye": {"x": 1.6, "y": 1.6, "z": 1.15}}
     else:
         for i, a in enumerate(axes):
             layout[f"{a}axis"] = {
@@ -597,6 +681,53 @@ def _view(
                 "zeroline": False,
             }
     return {"data": data, "layout": layout, "moving": moving, "gen": gen_points}
+
+
+def _outside_trace(
+    points: np.ndarray,
+    outside: np.ndarray,
+    ranges: list[list[float]],
+    who: list[tuple[int, int, int]],
+    sets: Sequence[PathSet],
+    times: Sequence[Any],
+    axes: Sequence[str],
+    time_name: str,
+) -> dict[str, Any]:
+    """The points beyond the axes, drawn as grey crosses at the edge they lie past,
+    with their real coordinates in the hover; one legend entry that counts them."""
+    t_index, n_index = np.nonzero(outside)
+    coords = points[t_index, n_index]  # (k, axes)
+    clamped = coords.copy()
+    hover = []
+    for i, (low, high) in enumerate(ranges):
+        inset = 0.5 * 0.05 / 1.1 * (high - low)  # halfway into the padding
+        clamped[:, i] = np.clip(clamped[:, i], low + inset, high - inset)
+    for (t, n), xyz in zip(zip(t_index, n_index, strict=True), coords, strict=True):
+        number, p, generated = who[n]
+        s = sets[number]
+        head = f"[{html.escape(s.name)}] " if number > 0 else ""
+        what = f" · generated token {generated}" if generated else ""
+        where = ", ".join(
+            f"PC{i + 1} {v:.4g}" for i, v in enumerate(xyz.tolist()) if np.isfinite(v)
+        )
+        hover.append(
+            f"{head}<b>{html.escape(s.labels[p])}</b> · {html.escape(s.categories[p])}{what}"
+            f"<br>{time_name} {html.escape(str(times[t]))}: outside the axes, at {where}"
+        )
+    three = len(axes) == 3
+    count = len(hover)
+    return {
+        "type": "scatter3d" if three else "scatter",
+        **{a: np.round(clamped[:, i], 6).tolist() for i, a in enumerate(axes)},
+        "mode": "markers",
+        "marker": {"symbol": "x", "size": 4 if three else 9, "color": "#444444"},
+        "name": f"{count} point{'s' if count != 1 else ''} outside the axes (x, at the edge)",
+        "legendgroup": "outside",
+        "showlegend": True,
+        "text": hover,
+        "hovertemplate": "%{text}<extra></extra>",
+        "meta": {"kind": "outside"},
+    }
 
 
 START_JS = """
@@ -751,7 +882,7 @@ def simulation_figures(
             }
         )
     elif d == 3:
-        frame_index = [int(k) for k in _evenly(n_time, MAX_SIM_FRAMES)]
+        frame_index = even_steps(n_time, MAX_SIM_FRAMES)
         u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 25), np.linspace(0, np.pi, 13))
         sphere = {
             "type": "surface",

@@ -43,20 +43,26 @@ def category_colors(categories: Sequence[str]) -> dict[str, Any]:
     return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
 
 
+def line_colors(n: int, cmap: str = "plasma", start: float = 0.0, stop: float = 0.7) -> list[Any]:
+    """``n`` colours along a colormap, cut before its light end: lines drawn on
+    white stay visible (viridis, plasma and autumn all end in yellow)."""
+    from matplotlib import colormaps
+
+    colormap = colormaps[cmap]
+    return [colormap(start + (stop - start) * i / max(n - 1, 1)) for i in range(n)]
+
+
 def particle_colors(pcs: Any) -> tuple[list[Any], dict[str, Any]]:
     """A colour per particle: by category when there is one, else along a colormap.
 
     Returns the colours and the legend mapping (empty without categories).
     """
-    from matplotlib import colormaps
-
     n = pcs.sizes["particle"]
     if "category" in pcs.coords:
         names = [str(c) for c in pcs["category"].values]
         legend = category_colors(names)
         return [legend[c] for c in names], legend
-    cmap = colormaps["viridis"]
-    return [cmap(i / max(n - 1, 1)) for i in range(n)], {}
+    return line_colors(n), {}
 
 
 def time_label(kind: str) -> str:

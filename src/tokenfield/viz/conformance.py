@@ -160,7 +160,7 @@ def conformance_html(items: list[dict[str, Any]], pngs: dict[str, bytes], meta: 
             f"{esc(item['measured'])}</p><p><b>Tolerance.</b> {esc(item['tolerance'])}</p>"
             f"{image}</section>"
         )
-    size = "quick (CI)" if meta.get("quick") else "full"
+    size = "quick, for CI" if meta.get("quick") else "full"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>tokenfield conformance</title>"
         "<style>body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"

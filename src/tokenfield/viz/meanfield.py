@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenfield.meanfield.stability import large_beta_formula
 from tokenfield.viz._common import FORMATS, figure_for, new_figure, save_figure
 
 
@@ -29,7 +30,7 @@ def plot_growth_rates(spectrum: Any, ax: Any = None, *, show_seed: bool = True):
     modes, rates = spectrum.modes, spectrum.growth_rates
     ax.plot(modes, rates, "o-", color="C0", ms=3, label=f"lambda_k ({spectrum.normalization})")
     ax.axvline(spectrum.k_max, color="C0", ls=":", lw=1)
-    ax.annotate(f"k_max = {spectrum.k_max}", (spectrum.k_max, spectrum.top_rate),
+    ax.annotate(f"{spectrum.mode_name} = {spectrum.k_max}", (spectrum.k_max, spectrum.top_rate),
                 textcoords="offset points", xytext=(5, -12), fontsize=8)  # fmt: skip
     seed = spectrum.seed_rates if show_seed else None  # computed by meanfield, drawn here
     if seed is not None:
@@ -48,7 +49,8 @@ def plot_k_max_curve(curve: Any, ax: Any = None):
     """``k_max`` against ``beta`` with ``sqrt(2 beta)`` (a :class:`~tokenfield.meanfield.KmaxCurve`)."""
     fig, ax = figure_for(ax, (6, 3.5))
     betas = curve.betas
-    ax.step(betas, curve.k_max, where="mid", color="C0", label="k_max (linear stability)")
+    ax.step(betas, curve.k_max, where="mid", color="C0",
+            label=f"{curve.mode_name} (linear stability)")  # fmt: skip
     fine = np.linspace(betas.min(), betas.max(), 400)
     ax.plot(fine, np.sqrt(2 * np.abs(fine)), color="C1", lw=1, label="sqrt(2 beta)")
     if curve.dim > 2:
@@ -183,16 +185,19 @@ def meanfield_figures(results: dict[str, Any]) -> list[tuple[str, Any, str]]:
         s = results["spectrum"]
         out.append(("growth_rates", plot_growth_rates(s),
                     f"Growth rates of the modes of the uniform measure, beta = {s.beta:g}; "
-                    f"k_max = {s.k_max}. Dashed: the seed's I_k/beta, whose maximiser is always 1."))  # fmt: skip
+                    f"{s.mode_name} = {s.k_max}. Dashed: the seed's I_k/beta, whose maximiser is always 1."))  # fmt: skip
     if "k_max_curve" in results:
         out.append(("k_max", plot_k_max_curve(results["k_max_curve"]),
-                    "Most unstable mode against beta, with sqrt(2 beta)."))  # fmt: skip
+                    "Most unstable mode against beta, with "
+                    f"{large_beta_formula(results['k_max_curve'].dim)}."))  # fmt: skip
     if "cluster_prediction" in results:
         out.append(("cluster_prediction", plot_cluster_prediction(results["cluster_prediction"]),
                     "First-plateau cluster counts of particle runs (dots: seeds) beside k_max."))  # fmt: skip
-    for i, fit in enumerate(results.get("growth_fits", [])):
-        out.append((f"growth_fit_{i}", plot_growth_fit(fit),
-                    "Linear phase: fitted growth of the Fourier amplitudes against lambda_k."))  # fmt: skip
+    for fit in results.get("growth_fits", []):
+        # named by what it fits (growth_fit_sa_beta16), not by its place in the list
+        out.append((f"growth_fit_{fit.normalization}_beta{fit.beta:g}", plot_growth_fit(fit),
+                    f"Linear phase ({fit.normalization}, beta = {fit.beta:g}): fitted growth "
+                    "of the Fourier amplitudes against lambda_k."))  # fmt: skip
     if "pde" in results:
         out.append(("pde_vs_particles", plot_pde_comparison(results["pde"]),
                     "The PDE on the circle against particle runs; W1 falls with n."))  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tokenfield._progress import stage
 from tokenfield.viz._common import save_figure, time_label
 from tokenfield.viz.measures import plot_centroid_heatmaps, plot_separation, plot_speed
 from tokenfield.viz.trajectories import (
@@ -74,6 +75,7 @@ def write_figures(result: Any, out_dir: str | Path, *, animation: bool = True) -
             "trajectories_baseline",
         )
     if animation:
+        stage("figures: thought_evolution.gif")
         written.append(
             animate_trajectories(
                 result.pcs, out_dir / GIF_NAME, explained=explained, time_name=when

@@ -6,6 +6,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from tokenfield.viz._common import line_colors
+
 
 def _plt():
     import matplotlib
@@ -89,28 +91,40 @@ def plot_test_summary(result: dict[str, Any], ax: Any = None) -> Any:
     return ax
 
 
-def plot_steered_paths(loop: dict[str, Any], ax: Any = None) -> Any:
+def plot_steered_paths(loop: dict[str, Any], ax: Any = None, *, times: str = "seed") -> Any:
     """The reference run's last-token paths (grey, target category highlighted) and
-    the steered source prompts for each alpha, in the frozen PCA frame."""
+    the steered source prompts for each alpha, in the frozen PCA frame.
+
+    ``times``: the run's time convention (its ``metrics.json``), so that the
+    figure draws the layers the run's own figures draw: ``"seed"``, times
+    ``0 .. L-1`` (the last block's raw output left out, as the seed did);
+    ``"all"``, times ``0 .. L``.
+    """
     import numpy as np
 
     plt = _plt()
     if ax is None:
         _fig, ax = plt.subplots(figsize=(7, 5))
-    ref = np.asarray(loop["reference"]["paths"])  # (time, particle, 2)
+    every = np.asarray(loop["reference"]["paths"])  # (time, particle, 2)
+    keep = slice(0, -1) if times == "seed" and every.shape[0] > 2 else slice(None)
+
+    def drawn(paths: Any) -> Any:
+        return np.asarray(paths)[keep]
+
+    ref = every[keep]
     cats = loop["reference"]["category"]
     for p, cat in enumerate(cats):
         colour = "tab:blue" if cat == loop["target"] else "0.8"
         ax.plot(ref[:, p, 0], ref[:, p, 1], color=colour, lw=0.8, zorder=1)
-    base = np.asarray(loop["unsteered"]["paths"])
+    base = drawn(loop["unsteered"]["paths"])
     for p in range(base.shape[1]):
         ax.plot(base[:, p, 0], base[:, p, 1], color="black", lw=1.2, zorder=2,
                 label="unsteered" if p == 0 else None)  # fmt: skip
-    cmap = plt.get_cmap("autumn")
     alphas = sorted(loop["paths"]["steer"], key=float)
+    colours = line_colors(len(alphas), "inferno", 0.25, 0.7)  # dark red to orange: no yellow
     for i, alpha in enumerate(alphas):
-        pts = np.asarray(loop["paths"]["steer"][alpha])
-        colour = cmap(i / max(1, len(alphas) - 1))
+        pts = drawn(loop["paths"]["steer"][alpha])
+        colour = colours[i]
         for p in range(pts.shape[1]):
             ax.plot(pts[:, p, 0], pts[:, p, 1], color=colour, lw=1.2, zorder=3,
                     label=f"alpha={float(alpha):g}" if p == 0 else None)  # fmt: skip
@@ -119,7 +133,10 @@ def plot_steered_paths(loop: dict[str, Any], ax: Any = None) -> Any:
     evr = loop.get("explained_variance_ratio") or [0, 0]
     ax.set_xlabel(f"PC1 ({100 * evr[0]:.0f}% var)")
     ax.set_ylabel(f"PC2 ({100 * evr[1]:.0f}% var)")
-    title = f"'{loop['source']}' steered toward '{loop['target']}' at layer {loop['layer']}"
+    title = (
+        f"'{loop['source']}' steered toward '{loop['target']}' at layer {loop['layer']}, "
+        f"layers 0..{ref.shape[0] - 1}"
+    )
     ax.set_title(
         "\n".join(textwrap.wrap(title, 60)) + "\n(blue: the target's prompts; grey: the others)",
         fontsize=10,
