@@ -224,12 +224,17 @@ class ModelSpec:
         """The model's context (its largest number of positions), read from its
         ``config.json`` alone: no weights and no ``transformers`` (``None`` when the
         config does not say). What the CLI checks ``--generate`` against before
-        loading anything."""
+        loading anything: a model that is not cached yet (or only on the hub) gives
+        ``None`` and is checked after loading."""
         import json
 
-        directory = resolve_source(self.name)[0]
+        from tokenfield.models.sources import peek_config
+
+        config = peek_config(self.name)
+        if config is None:
+            return None
         try:
-            data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+            data = json.loads(config.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         for where in (data, data.get("text_config") or {}):

@@ -57,6 +57,7 @@ __all__ = [
     "list_bundled_models",
     "quiet_transformers",
     "resolve_source",
+    "peek_config",
     "verify_entry",
     "weights_files_hash",
     "write_manifest",
@@ -167,6 +168,40 @@ def resolve_source(spec: str) -> tuple[Path, str, str] | tuple[Path, str, str, s
     if looks_like_path:
         raise UserError(f"model path '{spec}' does not exist", "check the path")
     return _resolve_hub(spec)
+
+
+def peek_config(spec: str) -> Path | None:
+    """The ``config.json`` of ``spec``'s model, found without loading, building or
+    verifying any weights: a local directory's own, or the cache entry of a bundled
+    or GGUF model whose source record names this very file (path, size, inode,
+    mtime and hash). ``None`` where that would need a build, an assembly or the
+    network. For checks made before loading (``--generate`` against the context);
+    the loaded model's own config is checked again after."""
+    if spec in BUNDLED:
+        bundled = BUNDLED[spec]
+        folder = _package_folder(bundled.package)
+        if folder is None:
+            return None
+        if bundled.subdir:
+            return folder / bundled.subdir / "config.json"
+        assert bundled.gguf_file is not None
+        gguf = (
+            cache_root() / "gguf-files" / bundled.gguf_file
+            if bundled.assembled
+            else folder / bundled.gguf_file
+        )
+    elif spec.lower().endswith(".gguf"):
+        gguf = Path(spec).expanduser()
+    else:
+        path = Path(spec).expanduser()
+        return path / "config.json" if path.is_dir() else None
+    if not gguf.is_file():
+        return None
+    file_hash = _file_hash(gguf)  # the memo: trusted only with the entry's source record
+    target = _entry_path(file_hash)
+    if not _source_matches(_read_source(target), gguf, file_hash):
+        return None
+    return target / "config.json"
 
 
 def _resolve_bundled(bundled: BundledModel) -> tuple[Path, str, str] | tuple[Path, str, str, str]:

@@ -20,6 +20,7 @@ from scipy import stats
 from scipy.integrate import solve_ivp
 
 from tokenfield._io import write_atomic, write_json_atomic
+from tokenfield._progress import plural
 from tokenfield._version import __version__
 from tokenfield.analysis.clusters import count_changes
 from tokenfield.errors import ParameterError, UserError
@@ -379,7 +380,7 @@ def staircase_item(quick: bool = False) -> ItemResult:
         measured=f"dynamics: max |log t_k - log t_k(ref)| over the times the count first "
         f"reaches each k {time_err:.3g}, max |E - E_ref| {energy_gap:.2g}; consistency: max "
         f"|E - sum w_k^2/n^2| on plateaus {level_err:.2g}, max jump error {jump_err:.2g} over "
-        f"{merges} merges (SA, n={n}, beta={beta:g}); slope of log(T beta) "
+        f"{plural(merges, 'merge')} (SA, n={n}, beta={beta:g}); slope of log(T beta) "
         f"{meta.slope_corrected:.3f} (log T: {meta.slope:.3f})",
         tolerance=f"dynamics: plateau times within {tol_time:g} in log t, E within "
         f"{tol_energy:g}; consistency checks (hold for any tight clusters): levels and jumps "
