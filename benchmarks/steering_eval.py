@@ -13,14 +13,15 @@ Two measurements, in one process so a busy machine affects both alike:
    Both give the same parsed answers (checked here, reported as ``agree``).
 2. **the whole default evaluation** (``--full``): ``evaluate_steering`` with the
    command's defaults (300 test, 100 validation, 64 fit problems, 3 x 3 grid,
-   32 controls, label shuffle); prints its wall time and the per-phase timings.
+   32 random directions, 32 label shuffles, 32 centroid halves); prints its wall time
+   and the per-phase timings.
 
 The decoder's advantage grows with the number of conditions per prompt (the
-default evaluation decodes 35 conditions of each test prompt together); a small
+default evaluation decodes 98 conditions of each test prompt together); a small
 ``--conditions`` understates it. Measured on the shared 2-core machine (load average 3 to 5,
 one thread, ``--items 16 --conditions 8``): old 88.9 s wall / 45.3 s CPU, new 6.4 s wall /
-3.2 s CPU (14x), parsed answers identical. The whole default evaluation on SmolLM2 (about
-12 000 answers) used 3.6 min of CPU time (14.7 min of wall time while getting a quarter of a
+3.2 s CPU (14x), parsed answers identical. The earlier default evaluation on SmolLM2 (one
+label-shuffle draw, no centroid halves: about 12 000 answers) used 3.6 min of CPU time (14.7 min of wall time while getting a quarter of a
 core); the previous decoder, which copied the KV cache per row, used 26 min of CPU time.
 
 Usage: python benchmarks/steering_eval.py [--model smollm2] [--items 16] [--conditions 4]

@@ -263,7 +263,8 @@ def test_eval_steering_cli_on_a_tiny_model(tiny_run, tmp_path, capsys):
     code, captured = cli(
         ["eval-steering", "--model", str(tiny_run / "tiny-llama"), "--n", "6", "--fit", "4",
          "--validation", "5", "--shots", "1", "--layers", "1,2", "--alphas", "0,1",
-         "--controls", "3", "--max-new-tokens", "2", "--max-operand", "6",
+         "--controls", "3", "--shuffles", "4", "--halves", "5", "--max-new-tokens", "2",
+         "--max-operand", "6",
          "--templates", "add,sub", "--out", str(out)],
         capsys,
     )  # fmt: skip
@@ -283,6 +284,8 @@ def test_eval_steering_cli_on_a_tiny_model(tiny_run, tmp_path, capsys):
         chosen["layer"], chosen["alpha"],
     )  # fmt: skip
     assert len(result["controls"]) == 3
+    assert len(result["label_shuffle"]["accuracies"]) == 4
+    assert len(result["centroid_halves"]["accuracies"]) == 5
     assert result["verdict"] in ("supports", "does not support")
     for r in [*result["rows"], result["steered"]]:
         assert 0.0 <= r["ci95"][0] <= r["accuracy"] <= r["ci95"][1] <= 1.0
@@ -301,3 +304,8 @@ def test_eval_steering_cli_on_a_tiny_model(tiny_run, tmp_path, capsys):
                           "--max-operand", "3", "--out", str(tmp_path / "bad")], capsys)  # fmt: skip
     assert code == 2 and "distinct math forms" in captured.err
     assert not (tmp_path / "bad").exists()
+    # 4 fit problems have 6 different splits into halves: 7 centroid halves cannot differ
+    code, captured = cli(["eval-steering", "--model", str(tiny_run / "tiny-llama"), "--fit", "4",
+                          "--halves", "7", "--out", str(tmp_path / "bad")], capsys)  # fmt: skip
+    assert code == 2 and "--halves 7 asks for more distinct splits" in captured.err
+    assert "Traceback" not in captured.err and not (tmp_path / "bad").exists()

@@ -62,7 +62,8 @@ GOOD = {
     "mcnemar_p": 0.001,
     "baselines": dict.fromkeys(ev.TRIVIAL, 0.05),
     "controls": [0.10] * 31 + [0.2],
-    "label_shuffle": 0.12,
+    "label_shuffle": [0.12] * 31 + [0.29],
+    "centroid_halves": [0.05] * 30 + [0.25, 0.29],
 }
 
 
@@ -78,14 +79,36 @@ def test_verdict_supports_only_when_every_condition_holds():
         ({"baselines": {**GOOD["baselines"], "constant": 0.3}}, "'constant'"),
         ({"baselines": {**GOOD["baselines"], "copy_second": 0.31}}, "'copy_second'"),
         ({"baselines": {**GOOD["baselines"], "last_shot": 0.4}}, "'last_shot'"),
-        ({"controls": [0.1] * 28 + [0.3, 0.35, 0.4, 0.45]}, "95th percentile of 32"),
-        ({"label_shuffle": 0.30}, "label-shuffle"),
+        ({"controls": [0.1] * 28 + [0.3, 0.35, 0.4, 0.45]}, "32 random-direction"),
+        # one control tied with the steered accuracy is enough to fail (ties count against)
+        ({"controls": [0.1] * 31 + [0.30]}, "rank 2 of 33, 1 at or above"),
+        ({"label_shuffle": [0.12] * 31 + [0.30]}, "32 label-shuffle controls"),
+        ({"centroid_halves": [0.05] * 31 + [0.30]}, "32 centroid-half controls"),
+        # too few controls can never be beaten: (1 + 0) / (5 + 1) > 0.05
+        ({"centroid_halves": [0.0] * 5}, "empirical p = 0.167"),
+        ({"label_shuffle": 0.1}, "1 label-shuffle controls"),  # an old single draw
     ],
 )
 def test_each_failing_condition_gives_does_not_support(change, reason):
     verdict, reasons = ev.decide(**{**GOOD, **change})
     assert verdict == "does not support"
     assert len(reasons) == 1 and reason in reasons[0], reasons
+
+
+def test_control_rank_counts_ties_against_the_steered_accuracy():
+    controls = [0.1, 0.2, 0.2, 0.3, 0.05]
+    rank = ev.control_rank(0.2, controls)
+    # at or above 0.2: 0.2, 0.2, 0.3 -> rank 4 of 6 (strictly above would say 2)
+    assert rank == {"rank": 4, "of": 6, "n_at_or_above": 3, "n_tied": 2, "p_empirical": 4 / 6}
+    assert ev.control_rank(0.31, controls)["rank"] == 1  # above every control
+    assert ev.control_rank(0.3, controls)["rank"] == 2  # tied with the top one
+    assert ev.control_rank(0.0, controls)["rank"] == 6  # below every one
+    # Gemma-3's committed case before this rule: steered 2.0 %, 4 controls at 2.0 %, none above
+    gemma = [0.0] * 28 + [0.02] * 4
+    assert ev.control_rank(0.02, gemma)["rank"] == 5
+    summary = ev.family_summary(0.02, gemma, range(32))
+    assert (summary["k"], summary["rank"], summary["max"]) == (32, 5, 0.02)
+    assert summary["p_empirical"] == pytest.approx(5 / 33)
 
 
 class FakeModel:
@@ -97,7 +120,7 @@ class FakeModel:
         return {"name": "fake"}
 
 
-SIZES = {"shot": 2, "fit": 6, "validation": 12, "test": 20}
+SIZES = {"shot": 2, "fit": 8, "validation": 12, "test": 20}
 
 
 def fake_answerer(calls: list, good_on_validation: tuple[int, float], good_on_test: int):
@@ -136,7 +159,7 @@ def fake_answerer(calls: list, good_on_validation: tuple[int, float], good_on_te
     return answer
 
 
-def run_fake(monkeypatch, controls=7, good_on_validation=(2, 0.5), good_on_test=1):
+def run_fake(monkeypatch, controls=7, good_on_validation=(2, 0.5), good_on_test=1, **seeds):
     calls: list = []
     monkeypatch.setattr(
         ev, "answer_conditions", fake_answerer(calls, good_on_validation, good_on_test)
@@ -144,7 +167,7 @@ def run_fake(monkeypatch, controls=7, good_on_validation=(2, 0.5), good_on_test=
     result = ev.evaluate_steering(
         FakeModel(), n=SIZES["test"], validation=SIZES["validation"], fit=SIZES["fit"],
         shots=SIZES["shot"], max_operand=9, templates=("add", "sub"), layers=[1, 2],
-        alphas=[0.5, 1.0], controls=controls, control_seed=40,
+        alphas=[0.5, 1.0], controls=controls, control_seed=40, **seeds,
     )  # fmt: skip
     return result, calls
 
@@ -173,22 +196,47 @@ def test_controls_count_seeds_norms_and_eval_keys(monkeypatch):
     test_call = calls[-2]
     controls = [v for name, v, _a in test_call if name.startswith("control_")]
     steered = next(v for name, v, _a in test_call if name == "steered")
-    shuffle = next(v for name, v, _a in test_call if name == "label_shuffle")
+    shuffles = [v for name, v, _a in test_call if name.startswith("shuffle_")]
+    halves = [v for name, v, _a in test_call if name.startswith("halves_")]
     assert len(controls) == 7
-    units = np.stack([c.vector / c.norm for c in controls])
-    assert np.abs(units @ units.T - np.eye(7)).max() < 0.999  # distinct directions
-    for vec in [*controls, shuffle]:
+    # the two data-shaped families default to 32 draws each, all distinct
+    assert len(shuffles) == 32 and len(halves) == 32
+    for family in (controls, shuffles, halves):
+        units = np.stack([c.vector / c.norm for c in family])
+        off_diagonal = units @ units.T - 2 * np.eye(len(family))
+        assert off_diagonal.max() < 0.999  # distinct directions
+    for vec in [*controls, *shuffles, *halves]:
         assert vec.norm == pytest.approx(steered.norm, rel=1e-5) and vec.layer == steered.layer
     for key in ("problems", "selected", "baselines", "controls", "steered", "mcnemar_p",
                 "verdict", "verdict_reasons", "config", "rows", "examples", "label_shuffle",
-                "timings", "validation"):  # fmt: skip
+                "centroid_halves", "timings", "validation"):  # fmt: skip
         assert key in result, key
+    for key in ("label_shuffle", "centroid_halves"):
+        family = result[key]
+        assert family["k"] == 32 and len(family["accuracies"]) == 32
+        assert family["seeds"] == list(range(32)) and len(family["raw_norms"]) == 32
+        assert family["scaled_norm"] == pytest.approx(steered.norm, rel=1e-5)
+    assert result["config"]["shuffles"] == 32 and result["config"]["halves"] == 32
     assert {p["split"] for p in result["problems"]} == {"shot", "fit", "validation", "test"}
     assert all(set(p) >= {"split", "word", "math", "answer"} for p in result["problems"])
     assert set(result["baselines"]) >= {"constant", "copy_operand", "last_shot", "word", "math"}
     assert result["verdict"] == "does not support" and result["verdict_reasons"]
     low, high = result["steered"]["ci95"]
     assert low <= result["steered"]["accuracy"] <= high
+
+
+def test_every_family_is_ranked_with_ties(monkeypatch):
+    # the fake answers right on test only at layer 1; selection picks layer 1, alpha 1,
+    # where the steered row and every control (all at layer 1) answer everything right
+    result, _ = run_fake(monkeypatch, good_on_validation=(1, 1.0), good_on_test=1)
+    assert result["steered"]["accuracy"] == 1.0
+    for key in ("label_shuffle", "centroid_halves"):
+        family = result[key]
+        assert family["accuracies"] == [1.0] * 32
+        assert (family["rank"], family["of"], family["n_at_or_above"]) == (33, 33, 32)
+    assert result["control_summary"]["rank"] == 8  # 7 random controls, all tied
+    assert result["verdict"] == "does not support"
+    assert sum("controls" in r and "at or above" in r for r in result["verdict_reasons"]) == 3
 
 
 def test_label_shuffle_vector_is_a_random_half_split_scaled_to_the_norm():
@@ -200,3 +248,84 @@ def test_label_shuffle_vector_is_a_random_half_split_scaled_to_the_norm():
     assert raw == pytest.approx(np.linalg.norm(expected))
     np.testing.assert_allclose(vec.vector, expected * 3.0 / raw, rtol=1e-5)
     assert vec.layer == 2 and vec.provenance["method"] == "label-shuffle"
+
+
+def test_label_shuffle_family_is_32_distinct_draws_reproducible_by_seed():
+    rng = np.random.default_rng(1)
+    states = rng.standard_normal((20, 8))
+    seeds = ev.control_seeds(0, 32)
+    family = ev.label_shuffle_vectors(states, 3.0, seeds, layer=1, provenance={})
+    vectors = np.stack([v.vector for v, _raw in family])
+    assert vectors.shape == (32, 8)
+    assert len({tuple(np.round(row, 5)) for row in vectors}) == 32  # 32 distinct draws
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 3.0, rtol=1e-5)
+    # the same seeds give the same draws; the first is the earlier single draw (seed 0)
+    again = np.stack([v.vector for v, _ in ev.label_shuffle_vectors(states, 3.0, seeds, 1, {})])
+    np.testing.assert_array_equal(vectors, again)
+    single, _ = ev.label_shuffle_vector(states, 3.0, seed=0, layer=1, provenance={})
+    np.testing.assert_array_equal(vectors[0], single.vector)
+    other = ev.label_shuffle_vectors(states, 3.0, ev.control_seeds(100, 32), 1, {})
+    assert not np.allclose(vectors, np.stack([v.vector for v, _ in other]))
+
+
+def test_the_evaluation_draws_the_same_families_for_the_same_seeds(monkeypatch):
+    def families(**seeds):
+        _, calls = run_fake(monkeypatch, **seeds)
+        return {
+            prefix: np.stack([v.vector for name, v, _a in calls[-2] if name.startswith(prefix)])
+            for prefix in ("shuffle_", "halves_")
+        }
+
+    first, again = families(), families()
+    for prefix in first:
+        assert first[prefix].shape[0] == 32
+        np.testing.assert_array_equal(first[prefix], again[prefix])
+    moved = families(shuffle_seed=5, halves_seed=9)
+    for prefix in first:
+        assert not np.allclose(first[prefix], moved[prefix])
+
+
+def fit_like_states(problems=12, d=64, seed=2):
+    """Word and math fit states of the same problems: low-rank (d > 2 * problems, so
+    the fit data spans a proper subspace), the math form shifted by a constant."""
+    rng = np.random.default_rng(seed)
+    word = rng.standard_normal((problems, d)) * 3.0
+    math = word + 0.3 * rng.standard_normal((problems, d)) + 10.0 * rng.standard_normal(d)
+    return np.stack([word, math])
+
+
+def test_centroid_half_directions_have_the_norm_and_lie_in_the_span_of_the_fit_data():
+    states = fit_like_states()
+    family = ev.centroid_half_vectors(states, 7.5, ev.control_seeds(0, 32), 3, {"run": "x"})
+    vectors = np.stack([v.vector for v, _ in family]).astype(np.float64)
+    assert len({tuple(np.round(row, 4)) for row in vectors}) == 32  # distinct draws
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 7.5, rtol=1e-5)
+    assert all(v.layer == 3 and v.provenance["method"] == "centroid-halves" for v, _ in family)
+    # in the span of the fit states: the projection onto that span leaves nothing out
+    basis, _ = np.linalg.qr(states.reshape(-1, states.shape[-1]).T)  # (d, 24)
+    residual = vectors - (vectors @ basis) @ basis.T
+    assert np.abs(residual).max() < 1e-4 * 7.5
+    # a random direction of the same norm would not be (the check can fail)
+    random = ev.random_control(family[0][0], seed=0).vector.astype(np.float64)
+    assert np.abs(random - basis @ (basis.T @ random)).max() > 0.1
+    # the word -> math difference cancels exactly: shifting every math state by the
+    # same vector leaves the directions unchanged (a pooled, unbalanced split would not)
+    shifted = states.copy()
+    shifted[1] += 50.0 * np.random.default_rng(3).standard_normal(states.shape[-1])
+    moved = ev.centroid_half_vectors(shifted, 7.5, ev.control_seeds(0, 32), 3, {})
+    np.testing.assert_allclose(np.stack([v.vector for v, _ in moved]), vectors, atol=1e-4)
+
+
+def test_centroid_half_vector_is_the_difference_of_two_halves_of_the_problems():
+    states = fit_like_states(problems=9)  # odd: one problem left out
+    vec, raw = ev.centroid_half_vector(states, 2.0, seed=4, layer=1, provenance={})
+    order = np.random.default_rng(4).permutation(9)
+    first, second = order[:4], order[4:8]
+    expected = (states[:, first].mean(axis=(0, 1))) - states[:, second].mean(axis=(0, 1))
+    assert raw == pytest.approx(np.linalg.norm(expected))
+    np.testing.assert_allclose(vec.vector, expected * 2.0 / raw, rtol=1e-5)
+    # reproducible by seed, different for another seed
+    np.testing.assert_array_equal(
+        vec.vector, ev.centroid_half_vector(states, 2.0, 4, 1, {})[0].vector
+    )
+    assert not np.allclose(vec.vector, ev.centroid_half_vector(states, 2.0, 5, 1, {})[0].vector)

@@ -199,7 +199,7 @@ def steer_command(
     epilog=(
         "Example: tokenfield eval-steering --model smollm2 --out runs/eval-smollm2  "
         "(defaults: 300 test, 100 validation, 64 fit problems, 3 layers x 3 alphas, "
-        "32 random controls)"
+        "32 random directions, 32 label shuffles, 32 centroid halves)"
     ),
 )
 def eval_steering_command(
@@ -236,7 +236,27 @@ def eval_steering_command(
         int, typer.Option("--control-seed", help="Seed of the first control (then +1, +2, ...).")
     ] = 0,
     shuffle_seed: Annotated[
-        int, typer.Option("--shuffle-seed", help="Seed of the label-shuffle control.")
+        int,
+        typer.Option("--shuffle-seed", help="Seed of the first label shuffle (then +1, +2, ...)."),
+    ] = 0,
+    shuffles: Annotated[
+        int,
+        typer.Option(
+            "--shuffles",
+            help="Label-shuffle controls: the pooled fit states split at random into halves.",
+        ),
+    ] = 32,
+    halves: Annotated[
+        int,
+        typer.Option(
+            "--halves",
+            help="Centroid-half controls: the fit problems split at random into halves "
+            "(both forms of a problem in one half).",
+        ),
+    ] = 32,
+    halves_seed: Annotated[
+        int,
+        typer.Option("--halves-seed", help="Seed of the first centroid half (then +1, +2, ...)."),
     ] = 0,
     positions: Annotated[str, typer.Option(help="'last' or 'all'.")] = "last",
     max_new_tokens: Annotated[
@@ -262,9 +282,10 @@ def eval_steering_command(
     builds word->math vectors on the fit split, picks the (layer, alpha) with the best
     validation accuracy, and on the test split compares that one condition with the
     unsteered word form (exact McNemar test), trivial baselines (best constant, copy an
-    operand, the last example's answer), the math form, --controls random directions
-    and a label-shuffle control. Writes eval.json (with the verdict and its reasons)
-    and figures; see docs/steering.md for the rule.
+    operand, the last example's answer), the math form, and three control families of
+    the vector's norm: --controls random directions, --shuffles label shuffles and
+    --halves centroid halves of the fit prompts. Writes eval.json (with the verdict
+    and its reasons) and figures; see docs/steering.md for the rule.
     """
     from rich.console import Console
 
@@ -284,13 +305,24 @@ def eval_steering_command(
                 max_operand=max_operand, templates=template_list)  # fmt: skip
     if positions not in ("last", "all"):
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
-    for flag, value, least in (("--controls", controls, 1), ("--batch-size", batch_size, 1),
+    for flag, value, least in (("--controls", controls, 1), ("--shuffles", shuffles, 1),
+                               ("--halves", halves, 1), ("--batch-size", batch_size, 1),
                                ("--max-new-tokens", max_new_tokens, 1), ("--n", n, 1),
                                ("--validation", validation, 1), ("--fit", fit, 2)):  # fmt: skip
         if value < least:
             raise UserError(f"{flag} must be at least {least}, got {value}", f"raise {flag}")
     if dtype not in ("float32", "bfloat16"):
         raise UserError(f"unknown --dtype '{dtype}'", "use float32 or bfloat16")
+    from tokenfield.steering.evaluate import _n_splits
+
+    # every draw of a family is a different split: no more draws than splits
+    for flag, value, states in (("--shuffles", shuffles, 2 * fit), ("--halves", halves, fit)):
+        if value > _n_splits(states):
+            raise UserError(
+                f"{flag} {value} asks for more distinct splits than --fit {fit} gives "
+                f"({_n_splits(states)})",
+                f"lower {flag} or raise --fit",
+            )
     spec = ModelSpec(model, dtype=dtype)
     console = Console(stderr=True)
     with console.status(f"loading {model}"):
@@ -308,6 +340,7 @@ def eval_steering_command(
         loaded, n=n, validation=validation, fit=fit, shots=shots, seed=seed,
         max_operand=max_operand, templates=template_list, layers=layer_list, alphas=alpha_list,
         controls=controls, control_seed=control_seed, shuffle_seed=shuffle_seed,
+        shuffles=shuffles, halves=halves, halves_seed=halves_seed,
         positions=positions, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=True,
     )  # fmt: skip
     write_json_atomic(out / "eval.json", result)
@@ -347,7 +380,9 @@ def _time_convention(run: Path) -> str:
 
 def summary_text(result: dict) -> str:
     """The evaluation in words: the selected condition, the test table, the verdict."""
-    sel, steered, cs = result["selected"], result["steered"], result["control_summary"]
+    from tokenfield.steering.evaluate import FAMILIES, control_families
+
+    sel, steered = result["selected"], result["steered"]
     name = result["config"]["model"].get("name", "model")
     lines = [
         f"{name}: selected on validation: layer {sel['layer']}, alpha {sel['alpha']:g} "
@@ -358,14 +393,17 @@ def summary_text(result: dict) -> str:
     ]
     for key, value in result["baselines"].items():
         lines.append(f"  {key:<18} {value:.3f}")
-    lines += [
-        f"  label shuffle      {result['label_shuffle']['accuracy']:.3f}",
-        f"  {cs['k']} random controls: median {cs['median']:.3f}, 95th percentile "
-        f"{cs['p95']:.3f}, max {cs['max']:.3f}; steered ranks {cs['rank']} of {cs['k'] + 1}",
+    for key, fam in control_families(result).items():
+        lines.append(
+            f"  {fam['k']} {FAMILIES[key]}: median {fam['median']:.3f}, 95th percentile "
+            f"{fam['p95']:.3f}, max {fam['max']:.3f}; steered ranks {fam['rank']} of "
+            f"{fam['of']} ({fam['n_at_or_above']} at or above it, p = {fam['p_empirical']:.3g})"
+        )
+    lines.append(
         f"  McNemar (steered vs unsteered word form): "
         f"{plural(result['mcnemar']['b'], 'item')} fixed, "
-        f"{result['mcnemar']['c']} broken, exact p = {result['mcnemar_p']:.3g}",
-    ]
+        f"{result['mcnemar']['c']} broken, exact p = {result['mcnemar_p']:.3g}"
+    )
     if result["verdict"] == "supports":
         lines.append("verdict: the evaluation SUPPORTS the claim that steering helps.")
     else:

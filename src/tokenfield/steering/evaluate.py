@@ -15,14 +15,19 @@ Protocol (all seeded, all recorded in ``eval.json``; see ``docs/steering.md``):
    (ties: the first in grid order).
 4. Test, on the same items: the unsteered word form, the math form, the selected
    steered condition, ``controls`` random directions of the vector's norm at the
-   selected layer and alpha (one seed each), and a label-shuffle control (the
-   pooled word and math fit states split at random into halves; the difference of
-   the halves' means, scaled to the vector's norm).
+   selected layer and alpha (one seed each), and two families of data-shaped
+   controls of the same norm, at the same layer and alpha: ``shuffles`` label
+   shuffles (the pooled word and math fit states split at random into halves; the
+   difference of the halves' means) and ``halves`` centroid halves (the fit
+   problems split at random into halves, each half's centroid over both forms of
+   its problems, so the word -> math difference cancels exactly and what is left
+   is how the fit prompts vary within each form).
 5. Trivial baselines that need no model: the best constant answer (chosen on
    validation), copying an operand (first, second, last, and the position chosen
    on validation), and the answer of the last few-shot example.
 6. An exact McNemar test of the steered against the unsteered word form on the
-   test items, and the verdict of :func:`decide`.
+   test items, the steered accuracy's rank in each control family (ties count
+   against it) and the verdict of :func:`decide`.
 """
 
 from __future__ import annotations
@@ -51,12 +56,26 @@ __all__ = [
     "trivial_baselines",
     "select_condition",
     "label_shuffle_vector",
+    "label_shuffle_vectors",
+    "centroid_half_vector",
+    "centroid_half_vectors",
     "control_seeds",
+    "control_rank",
+    "family_summary",
+    "control_families",
     "TRIVIAL",
+    "FAMILIES",
 ]
 
 #: The baselines that need no model; the verdict requires beating every one.
 TRIVIAL = ("constant", "copy_operand", "copy_first", "copy_second", "copy_last", "last_shot")
+
+#: The control families, in ``eval.json``'s keys, and their names in words.
+FAMILIES = {
+    "random": "random-direction controls",
+    "label_shuffle": "label-shuffle controls",
+    "centroid_halves": "centroid-half controls",
+}
 
 
 def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -154,6 +173,53 @@ def control_seeds(base: int, k: int) -> list[int]:
     return [base + i for i in range(k)]
 
 
+def _halves(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A random split of ``range(n)`` into two halves of ``n // 2`` (one item left out
+    when ``n`` is odd)."""
+    order = rng.permutation(n)
+    half = n // 2
+    return order[:half], order[half : 2 * half]
+
+
+def _n_splits(n: int) -> int:
+    """How many different ordered splits :func:`_halves` can draw."""
+    half = n // 2
+    return math.comb(n, half) * math.comb(n - half, half)
+
+
+def _distinct_halves(n: int, seeds: Sequence[int], what: str) -> list[tuple[np.ndarray, ...]]:
+    """One split per seed, each from ``default_rng(seed)``; a split already drawn is
+    redrawn from the same generator, so the draws are distinct and each seed's first
+    split is what :func:`_halves` gives it alone.
+
+    Raises:
+        UserError: more draws than there are different splits.
+    """
+    if len(seeds) > _n_splits(n):
+        raise UserError(
+            f"{len(seeds)} {what} ask for more distinct splits than {n} fit states have "
+            f"({_n_splits(n)})",
+            f"lower the number of {what} or raise --fit",
+        )
+    seen: set[tuple[int, ...]] = set()
+    splits = []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        while True:
+            first, second = _halves(n, rng)
+            key = (*sorted(first.tolist()), -1, *sorted(second.tolist()))
+            if key not in seen:
+                seen.add(key)
+                splits.append((first, second))
+                break
+    return splits
+
+
+def _scaled(raw: np.ndarray, norm: float) -> tuple[np.ndarray, float]:
+    raw_norm = float(np.linalg.norm(raw))
+    return (raw * (norm / raw_norm) if raw_norm > 0 else raw), raw_norm
+
+
 def label_shuffle_vector(
     states: np.ndarray, norm: float, seed: int, layer: int, provenance: dict[str, Any]
 ) -> tuple[SteeringVector, float]:
@@ -161,14 +227,124 @@ def label_shuffle_vector(
     word and the math forms together): the mean of one random half minus the mean
     of the other, scaled to ``norm`` (the real vector's). Returns it and its norm
     before scaling."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(states.shape[0])
-    half = states.shape[0] // 2
-    raw = states[order[:half]].mean(0) - states[order[half : 2 * half]].mean(0)
-    raw_norm = float(np.linalg.norm(raw))
-    scaled = raw * (norm / raw_norm) if raw_norm > 0 else raw
-    meta = {**provenance, "method": "label-shuffle", "shuffle_seed": seed}
-    return SteeringVector(scaled.astype(np.float32), layer, meta), raw_norm
+    return label_shuffle_vectors(states, norm, [seed], layer, provenance)[0]
+
+
+def label_shuffle_vectors(
+    states: np.ndarray, norm: float, seeds: Sequence[int], layer: int, provenance: dict[str, Any]
+) -> list[tuple[SteeringVector, float]]:
+    """The label-shuffle family: one :func:`label_shuffle_vector` per seed, all distinct
+    (a split drawn before is redrawn from that seed's generator). The first is the
+    single draw of the earlier protocol (``--shuffle-seed``)."""
+    states = np.asarray(states, dtype=np.float64)
+    out = []
+    for seed, (first, second) in zip(
+        seeds, _distinct_halves(states.shape[0], seeds, "label shuffles"), strict=True
+    ):
+        scaled, raw_norm = _scaled(states[first].mean(0) - states[second].mean(0), norm)
+        meta = {**provenance, "method": "label-shuffle", "shuffle_seed": seed}
+        out.append((SteeringVector(scaled.astype(np.float32), layer, meta), raw_norm))
+    return out
+
+
+def centroid_half_vector(
+    states: np.ndarray, norm: float, seed: int, layer: int, provenance: dict[str, Any]
+) -> tuple[SteeringVector, float]:
+    """A direction where the fit data lives: the fit problems split at random into two
+    halves, the difference of the halves' centroids, scaled to ``norm``.
+
+    Args:
+        states: ``(forms, problems, d)``, e.g. the word and the math forms' fit states
+            stacked (or ``(problems, d)``: one form). Problem ``i`` is the same problem
+            in every form, and a problem goes to one half with all its forms, so each
+            half holds as many word as math prompts and the word -> math difference
+            cancels exactly: the vector is a combination of the fit states with
+            coefficients that sum to zero (within-form variation only).
+
+    Returns:
+        the vector and its norm before scaling.
+    """
+    return centroid_half_vectors(states, norm, [seed], layer, provenance)[0]
+
+
+def centroid_half_vectors(
+    states: np.ndarray, norm: float, seeds: Sequence[int], layer: int, provenance: dict[str, Any]
+) -> list[tuple[SteeringVector, float]]:
+    """The centroid-half family: one :func:`centroid_half_vector` per seed, all distinct."""
+    states = np.asarray(states, dtype=np.float64)
+    if states.ndim == 2:
+        states = states[None]
+    problems = states.shape[1]
+    if problems < 2:
+        raise UserError("centroid halves need at least 2 fit problems", "raise --fit")
+    out = []
+    for seed, (first, second) in zip(
+        seeds, _distinct_halves(problems, seeds, "centroid halves"), strict=True
+    ):
+        raw = states[:, first].mean(axis=(0, 1)) - states[:, second].mean(axis=(0, 1))
+        scaled, raw_norm = _scaled(raw, norm)
+        meta = {**provenance, "method": "centroid-halves", "halves_seed": seed}
+        out.append((SteeringVector(scaled.astype(np.float32), layer, meta), raw_norm))
+    return out
+
+
+def control_rank(accuracy: float, controls: Sequence[float]) -> dict[str, Any]:
+    """Where ``accuracy`` stands among a family of control accuracies; ties count
+    against it.
+
+    ``rank = 1 + (controls at or above it)``: 1 = strictly above every control,
+    ``k + 1`` = at or below every one. ``p_empirical = rank / (k + 1)``, the
+    permutation p of "the steered condition is no better than a control".
+    """
+    k = len(controls)
+    at_or_above = sum(float(c) >= accuracy for c in controls)
+    return {
+        "rank": 1 + at_or_above,
+        "of": k + 1,
+        "n_at_or_above": at_or_above,
+        "n_tied": sum(float(c) == accuracy for c in controls),
+        "p_empirical": (1 + at_or_above) / (k + 1),
+    }
+
+
+def family_summary(accuracy: float, controls: Sequence[float], seeds: Sequence[int]) -> dict:
+    """k, seeds, the accuracies, median / 95th percentile / max and the rank of
+    ``accuracy`` (:func:`control_rank`) for one control family."""
+    values = [float(c) for c in controls]
+    return {
+        "k": len(values),
+        "seeds": [int(s) for s in seeds],
+        "accuracies": values,
+        "median": float(np.median(values)) if values else float("nan"),
+        "p95": float(np.percentile(values, 95)) if values else float("nan"),
+        "max": float(np.max(values)) if values else float("nan"),
+        **control_rank(accuracy, values),
+    }
+
+
+def control_families(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every control family of an ``eval.json`` as :func:`family_summary` dicts, for this
+    version's files and the earlier ones alike.
+
+    Earlier files hold one label-shuffle draw (``label_shuffle.accuracy``), no
+    centroid halves, and a ``control_summary.rank`` that counted only the controls
+    strictly above; here every rank is recomputed from the accuracies, ties counted.
+    """
+    acc = float(result["steered"]["accuracy"])
+    cs = result.get("control_summary", {})
+    families = {"random": family_summary(acc, result.get("controls", []), cs.get("seeds", []))}
+    shuffle = result.get("label_shuffle")
+    if isinstance(shuffle, dict):
+        if "accuracies" in shuffle:
+            families["label_shuffle"] = family_summary(acc, shuffle["accuracies"], shuffle["seeds"])
+        elif "accuracy" in shuffle:  # an earlier eval.json: one draw
+            families["label_shuffle"] = family_summary(
+                acc, [shuffle["accuracy"]], [shuffle.get("seed", 0)]
+            )
+    halves = result.get("centroid_halves")
+    if isinstance(halves, dict) and "accuracies" in halves:
+        families["centroid_halves"] = family_summary(acc, halves["accuracies"], halves["seeds"])
+    return families
 
 
 def decide(
@@ -178,7 +354,8 @@ def decide(
     mcnemar_p: float,
     baselines: dict[str, float],
     controls: Sequence[float],
-    label_shuffle: float,
+    label_shuffle: Sequence[float] | float,
+    centroid_halves: Sequence[float] | None = None,
     alpha_level: float = 0.05,
 ) -> tuple[str, list[str]]:
     """The verdict on "steering toward the math region helps", and why.
@@ -186,11 +363,18 @@ def decide(
     ``"supports"`` only if the steered test accuracy
 
     1. beats the unsteered word form with an exact McNemar p < ``alpha_level``,
-    2. beats every trivial baseline in :data:`TRIVIAL`,
-    3. exceeds the 95th percentile of the random-direction controls, and
-    4. beats the label-shuffle control;
+    2. beats every trivial baseline in :data:`TRIVIAL`, and
+    3. beats each control family (the random directions ``controls``, the label
+       shuffles ``label_shuffle``, the centroid halves ``centroid_halves``): its
+       empirical p, ``(1 + controls at or above it) / (k + 1)``, is below
+       ``alpha_level``. Ties count against the claim. With 32 controls this means
+       strictly above every one; a family of fewer than ``1 / alpha_level - 1``
+       controls can never be beaten (the rule then says "does not support").
 
-    otherwise ``"does not support"``, with one reason per failed condition.
+    A single number for ``label_shuffle`` is a family of one draw. ``None`` for
+    ``centroid_halves`` leaves that family out (an earlier protocol); an empty one
+    cannot be beaten. Otherwise ``"does not support"``, with one reason per failed
+    condition.
     """
     reasons = []
     if not (steered > word and mcnemar_p < alpha_level):
@@ -204,17 +388,22 @@ def decide(
                 f"steered accuracy {steered:.3f} does not beat the trivial baseline "
                 f"'{name}' ({baselines[name]:.3f})"
             )
-    p95 = float(np.percentile(controls, 95)) if len(controls) else float("inf")
-    if not steered > p95:
-        reasons.append(
-            f"steered accuracy {steered:.3f} does not exceed the 95th percentile of "
-            f"{len(controls)} random-direction controls ({p95:.3f})"
-        )
-    if not steered > label_shuffle:
-        reasons.append(
-            f"steered accuracy {steered:.3f} does not beat the label-shuffle control "
-            f"({label_shuffle:.3f})"
-        )
+    if isinstance(label_shuffle, (int, float)):
+        label_shuffle = [float(label_shuffle)]
+    families = {"random": controls, "label_shuffle": label_shuffle}
+    if centroid_halves is not None:
+        families["centroid_halves"] = centroid_halves
+    for key, values in families.items():
+        values = [float(v) for v in values]
+        rank = control_rank(steered, values)
+        if not rank["p_empirical"] < alpha_level:
+            top = f"max {max(values):.3f}" if values else "no controls"
+            reasons.append(
+                f"steered accuracy {steered:.3f} does not beat the {len(values)} "
+                f"{FAMILIES[key]} ({top}; rank {rank['rank']} of {rank['of']}, "
+                f"{rank['n_at_or_above']} at or above it, empirical p = "
+                f"{rank['p_empirical']:.3g}, needs < {alpha_level:g})"
+            )
     return ("supports" if not reasons else "does not support"), reasons
 
 
@@ -239,6 +428,9 @@ def evaluate_steering(
     controls: int = 32,
     control_seed: int = 0,
     shuffle_seed: int = 0,
+    shuffles: int = 32,
+    halves: int = 32,
+    halves_seed: int = 0,
     positions: str = "last",
     max_new_tokens: int = 5,
     batch_size: int = 256,
@@ -251,8 +443,9 @@ def evaluate_steering(
             "need at least 1 test, 1 validation and 2 fit problems (and no negative --shots)",
             "raise --n / --validation / --fit",
         )
-    if controls < 1:
-        raise UserError("--controls must be at least 1", "the issue's protocol uses 32")
+    for flag, value in (("--controls", controls), ("--shuffles", shuffles), ("--halves", halves)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}", "the protocol uses 32")
     if max_new_tokens < 1:
         raise UserError("--max-new-tokens must be at least 1", "use e.g. 5")
     layers = list(layers) if layers else default_layers(model.n_layers)
@@ -276,7 +469,7 @@ def evaluate_steering(
         count_answers(2 * fit, 1)
         + count_answers(validation, 1 + len(grid))
         + count_answers(n, 1)  # math form
-        + count_answers(n, 3 + controls)  # word, steered, label shuffle, controls
+        + count_answers(n, 2 + controls + shuffles + halves)  # word, steered, the controls
     )
     timings: dict[str, float] = {}
     bar = ProgressBar("evaluating", total, enabled=progress, unit="answers")
@@ -345,14 +538,27 @@ def evaluate_steering(
         # 3. test: the one selected condition and its controls
         t0 = time.perf_counter()
         seeds = control_seeds(control_seed, controls)
-        shuffle, shuffle_raw_norm = label_shuffle_vector(
-            fit_out[layer], vector.norm, shuffle_seed, layer, provenance
+        shuffle_seeds = control_seeds(shuffle_seed, shuffles)
+        half_seeds = control_seeds(halves_seed, halves)
+        shuffled = label_shuffle_vectors(
+            fit_out[layer], vector.norm, shuffle_seeds, layer, provenance
         )
-        test_conditions = [
-            Condition("word", record=True),
-            Condition("steered", vector, alpha, record=True),
-            Condition("label_shuffle", shuffle, alpha),
-        ] + [Condition(f"control_{s}", random_control(vector, s), alpha) for s in seeds]
+        halved = centroid_half_vectors(
+            np.stack([fit_word[layer], fit_math[layer]]), vector.norm, half_seeds, layer,
+            provenance,
+        )  # fmt: skip
+        test_conditions = (
+            [Condition("word", record=True), Condition("steered", vector, alpha, record=True)]
+            + [Condition(f"control_{s}", random_control(vector, s), alpha) for s in seeds]
+            + [
+                Condition(f"shuffle_{s}", v, alpha)
+                for s, (v, _) in zip(shuffle_seeds, shuffled, strict=True)
+            ]
+            + [
+                Condition(f"halves_{s}", v, alpha)
+                for s, (v, _) in zip(half_seeds, halved, strict=True)
+            ]
+        )
         test_out = answer_conditions(model, prompts(test_set, "word"), test_conditions, **run)
         math_out = answer_conditions(model, prompts(test_set, "math"), [Condition("math")], **run)[
             "math"
@@ -362,10 +568,13 @@ def evaluate_steering(
     word_ok = correct(test_out["word"]["texts"], test_set)
     steered_ok = correct(test_out["steered"]["texts"], test_set)
     math_ok = correct(math_out["texts"], test_set)
-    shuffle_ok = correct(test_out["label_shuffle"]["texts"], test_set)
-    control_acc = [
-        float(np.mean(correct(test_out[f"control_{s}"]["texts"], test_set))) for s in seeds
-    ]
+
+    def accuracy_of(name: str) -> float:
+        return float(np.mean(correct(test_out[name]["texts"], test_set)))
+
+    control_acc = [accuracy_of(f"control_{s}") for s in seeds]
+    shuffle_acc = [accuracy_of(f"shuffle_{s}") for s in shuffle_seeds]
+    halves_acc = [accuracy_of(f"halves_{s}") for s in half_seeds]
     toward = progress_toward(
         test_out["steered"]["states"].astype(np.float64),
         test_out["word"]["states"].astype(np.float64),
@@ -386,22 +595,17 @@ def evaluate_steering(
     }
     mcnemar = mcnemar_exact(steered_ok, word_ok)
     acc = steered_row["accuracy"]
-    control_summary = {
-        "k": controls,
-        "seeds": seeds,
-        "median": float(np.median(control_acc)),
-        "p95": float(np.percentile(control_acc, 95)),
-        "max": float(np.max(control_acc)),
-        # 1 = the steered accuracy is above every control; k + 1 = below every one
-        "rank": 1 + sum(c > acc for c in control_acc),
-        "n_at_or_above": sum(c >= acc for c in control_acc),
-        "p_empirical": (1 + sum(c >= acc for c in control_acc)) / (controls + 1),
-    }
+    random_family = family_summary(acc, control_acc, seeds)
+    control_summary = {key: v for key, v in random_family.items() if key != "accuracies"}
     label_shuffle = {
-        **_row(shuffle_ok),
-        "seed": shuffle_seed,
-        "raw_norm": shuffle_raw_norm,
-        "scaled_norm": shuffle.norm,
+        **family_summary(acc, shuffle_acc, shuffle_seeds),
+        "raw_norms": [raw for _v, raw in shuffled],
+        "scaled_norm": vector.norm,
+    }
+    centroid_halves = {
+        **family_summary(acc, halves_acc, half_seeds),
+        "raw_norms": [raw for _v, raw in halved],
+        "scaled_norm": vector.norm,
     }
     verdict, reasons = decide(
         steered=acc,
@@ -409,7 +613,8 @@ def evaluate_steering(
         mcnemar_p=float(mcnemar["p"]),
         baselines=trivial["accuracy"],
         controls=control_acc,
-        label_shuffle=label_shuffle["accuracy"],
+        label_shuffle=shuffle_acc,
+        centroid_halves=halves_acc,
     )
     timings["total_s"] = time.perf_counter() - started
     # CPU seconds of this process (all threads): on a shared machine the wall time
@@ -448,6 +653,9 @@ def evaluate_steering(
             "controls": controls,
             "control_seed": control_seed,
             "shuffle_seed": shuffle_seed,
+            "shuffles": shuffles,
+            "halves": halves,
+            "halves_seed": halves_seed,
             "positions": positions,
             "max_new_tokens": max_new_tokens,
             "answer_rule": "first integer on the first line of the greedy continuation",
@@ -473,6 +681,7 @@ def evaluate_steering(
         "controls": control_acc,
         "control_summary": control_summary,
         "label_shuffle": label_shuffle,
+        "centroid_halves": centroid_halves,
         "mcnemar": mcnemar,
         "mcnemar_p": float(mcnemar["p"]),
         "verdict": verdict,

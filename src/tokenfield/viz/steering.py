@@ -62,30 +62,45 @@ def plot_accuracy(result: dict[str, Any], ax: Any = None) -> Any:
 
 def plot_test_summary(result: dict[str, Any], ax: Any = None) -> Any:
     """The test split: baselines and the selected steered condition as bars (95 %
-    Wilson interval on the steered one), the label-shuffle control, and every
-    random-direction control as a dot."""
+    Wilson interval on the steered one), and every control of each family (random
+    directions, label shuffles, centroid halves) as a dot, with its 95th percentile.
+    Reads earlier ``eval.json`` files too (one label-shuffle draw, no halves)."""
+    from tokenfield.steering.evaluate import control_families
+
     plt = _plt()
     if ax is None:
         _fig, ax = plt.subplots(figsize=(8, 4.5))
-    names = list(result["baselines"]) + ["label_shuffle", "steered"]
+    names = list(result["baselines"]) + ["steered"]
     values = [result["baselines"][k] for k in result["baselines"]]
-    values += [result["label_shuffle"]["accuracy"], result["steered"]["accuracy"]]
-    colours = ["0.6"] * len(result["baselines"]) + ["tab:purple", "tab:red"]
+    values += [result["steered"]["accuracy"]]
+    colours = ["0.6"] * len(result["baselines"]) + ["tab:red"]
     xs = list(range(len(names)))
     ax.bar(xs, values, color=colours)
     low, high = result["steered"]["ci95"]
     ax.errorbar([xs[-1]], [values[-1]], yerr=[[values[-1] - low], [high - values[-1]]],
                 color="black", capsize=3)  # fmt: skip
-    controls = result["controls"]
-    jitter = [len(names) + 0.15 * ((i % 5) - 2) for i in range(len(controls))]
-    ax.scatter(jitter, controls, s=10, color="tab:green", label="random controls")
-    ax.axhline(result["control_summary"]["p95"], color="tab:green", ls=":", lw=1,
-               label="95th percentile of controls")  # fmt: skip
-    ax.set_xticks(xs + [len(names)], names + ["controls"], rotation=45, ha="right", fontsize=8)
+    labels = {"random": "random directions", "label_shuffle": "label shuffles",
+              "centroid_halves": "centroid halves"}  # fmt: skip
+    family_colours = {"random": "tab:green", "label_shuffle": "tab:purple",
+                      "centroid_halves": "tab:orange"}  # fmt: skip
+    ticks = list(xs)
+    for key, fam in control_families(result).items():
+        x = len(ticks)
+        ticks.append(x)
+        names.append(labels[key])
+        accs = fam["accuracies"]
+        jitter = [x + 0.15 * ((i % 5) - 2) for i in range(len(accs))]
+        ax.scatter(
+            jitter, accs, s=10, color=family_colours[key], label=f"{labels[key]} ({len(accs)})"
+        )
+        ax.hlines(fam["p95"], x - 0.4, x + 0.4, color=family_colours[key], ls=":", lw=1)
+    ax.axhline(result["steered"]["accuracy"], color="tab:red", ls="--", lw=0.8)
+    ax.set_xticks(ticks, names, rotation=45, ha="right", fontsize=8)
     sel = result["selected"]
     model = result.get("config", {}).get("model", {}).get("name", "")
     ax.set_title(f"Test split ({model}): layer {sel['layer']}, alpha {sel['alpha']:g}, "
-                 f"verdict: {result['verdict']}", fontsize=9)  # fmt: skip
+                 f"verdict: {result['verdict']} (dotted: each family's 95th percentile)",
+                 fontsize=9)  # fmt: skip
     ax.set_ylabel("test accuracy")
     ax.legend(fontsize=7)
     return ax
