@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -21,10 +20,11 @@ from tokenfield.cli._options import (
 )
 from tokenfield.errors import UserError
 
-# What steer / eval-steering write: --overwrite deletes these and nothing else.
+# What steer / eval-steering write: --overwrite deletes these (and the command's own
+# figures, viz.steering.FIGURES) and nothing else; the marker file last.
 OUTPUTS = {
-    "steering.json": ("vector.safetensors", "control.safetensors", "steering.json", "figures"),
-    "eval.json": ("eval.json", "figures"),
+    "steering.json": ("vector.safetensors", "control.safetensors", "steering.json"),
+    "eval.json": ("eval.json",),
 }
 
 
@@ -50,11 +50,15 @@ def _prepare_out(out: Path, overwrite: bool, marker: str) -> Path:
                 f"'{out}' was not written by this command; refusing to overwrite it",
                 "choose another --out",
             )
-        for name in OUTPUTS[marker]:
-            target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
+        from tokenfield.runs import figures_dir
+        from tokenfield.viz.steering import FIGURES
+
+        figures = figures_dir(out, create=False)  # a symlinked figures/: refused, untouched
+        command = "steer" if marker == "steering.json" else "eval-steering"
+        mine = [figures / f"{stem}.{fmt}" for stem in FIGURES[command] for fmt in ("png", "svg")]
+        files = [out / name for name in OUTPUTS[marker]]
+        for target in (*mine, *files):  # the marker last: a crash leaves it a run to redo
+            if target.is_symlink() or target.is_file():
                 target.unlink()
     return out
 

@@ -6,7 +6,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tokenfield.viz._common import line_colors
+from tokenfield.viz._common import line_colors, save_figure
 
 
 def _plt():
@@ -160,15 +160,21 @@ def plot_steered_paths(loop: dict[str, Any], ax: Any = None, *, times: str = "se
     return ax
 
 
+# The figures each steering command draws (``figures/<stem>.png`` and ``.svg``):
+# what its --overwrite deletes, by name.
+FIGURES = {
+    "steer": ("steered_paths",),
+    "eval-steering": ("accuracy_vs_alpha", "test_summary"),
+}
+
+
 def save(fig_ax: Any, path: Path) -> list[Path]:
-    """Save the axes' figure as PNG and SVG next to each other."""
+    """Save the axes' figure as PNG and SVG next to each other (``path`` without
+    its suffix), each through a temporary file and a rename: never through a
+    symbolic link."""
     plt = _plt()
     fig = fig_ax.figure
     fig.tight_layout()
-    out = []
-    for suffix in (".png", ".svg"):
-        target = path.with_suffix(suffix)
-        fig.savefig(target, dpi=120)
-        out.append(target)
+    out = save_figure(fig, path.parent, path.name)
     plt.close(fig)
     return out
