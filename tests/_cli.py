@@ -17,3 +17,21 @@ def run_cli(args, capsys=None) -> tuple[int, str, str]:
         return code, "", ""
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def one_error_line(err: str) -> str:
+    """The one line a refused command prints (``tokenfield: error: ...``, no
+    traceback); fails the test when stderr holds anything else."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tokenfield: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def tree(path) -> dict[str, bytes]:
+    """Every file under ``path`` with its bytes: what must stay untouched."""
+    from pathlib import Path
+
+    root = Path(path)
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}

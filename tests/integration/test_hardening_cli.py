@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import run_cli
+from tests._cli import one_error_line, run_cli
 from tests._sockets import silent_server
 from tests.integration.tiny import save_tiny
 
@@ -23,14 +23,6 @@ WORDS = [
     "2 * 3 = 5 + 1",
     "print ( 4 )",
 ]
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tokenfield: error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

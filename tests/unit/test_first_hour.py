@@ -14,17 +14,9 @@ import re
 import numpy as np
 import pytest
 
-from tests._cli import run_cli
+from tests._cli import one_error_line, run_cli
 from tests.unit.synthetic_trajectories import trace_dataset, write_run
 from tokenfield.meanfield.stability import k_max_curve, stability_spectrum
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tokenfield: error: "), err
-    return lines[0]
-
 
 # --- docs/simulator.md: --init run:... --dim on a last-token run -------------------
 

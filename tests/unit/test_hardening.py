@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from tests._cli import run_cli
+from tests._cli import one_error_line, run_cli, tree
 from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
 from tokenfield import _lock
 from tokenfield.errors import UserError
@@ -27,18 +27,6 @@ from tokenfield.prompts import load_prompts
 from tokenfield.runs import RunWriter, check_baseline, open_run, read_run_info, strings
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tokenfield: error: "), err
-    assert "Traceback" not in err
-    return lines[0]
-
-
-def tree(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
 
 
 def piece(start: int, n: int, d: int = 2) -> xr.Dataset:

@@ -13,23 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import run_cli
+from tests._cli import one_error_line, run_cli, tree
 from tests._sockets import silent_server
 from tokenfield.errors import UserError
 from tokenfield.prompts import load_prompts
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tokenfield: error: "), err
-    assert "Traceback" not in err
-    return lines[0]
-
-
-def tree(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
-
 
 # --- prompts: read as written ----------------------------------------------------
 

@@ -13,20 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import run_cli
+from tests._cli import one_error_line, run_cli
 from tokenfield import _lock
 from tokenfield.errors import UserError
 from tokenfield.runs import RunWriter
 
 SECRET = b"the attacker's target: must stay exactly as it is\n"
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tokenfield: error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 @pytest.fixture
