@@ -258,7 +258,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    before = os.getloadavg()[0]
     result = cuda_mode(args) if args.device == "cuda" else cpu_mode(args)
+    result["load_average_before"] = round(before, 2)
+    result["load_average_after"] = round(os.getloadavg()[0], 2)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

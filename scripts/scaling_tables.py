@@ -110,19 +110,28 @@ def workers_cpu2_table(data: Path) -> list[str]:
     base = r["single_prompts_per_s"]
     threads = r["torch_threads_single_default"]
     rows = [
-        (f"1 process, tokenfield's default ({threads} torch thread{'s' * (threads != 1)})",
-         base),
+        (f"1 process, torch's default ({threads} thread{'s' * (threads != 1)})", base),
         (f"1 process, {r['torch_threads_per_worker']} thread{'s' * (r['torch_threads_per_worker'] != 1)} "
          "(each worker's share)", r["single_matched_threads_prompts_per_s"]),
         ("2 workers, cold (cluster start and 2 model loads included)",
          r["workers_cold_prompts_per_s"]),
         ("2 workers, warm (a second trace on the same cluster)", r["workers_warm_prompts_per_s"]),
     ]  # fmt: skip
-    lines = ["| | prompts/s | ratio to 1 process (default) |", "|---|---:|---:|"]
+    lines = [
+        f"SmolLM2, {r['prompts']} prompts, positions {r['positions']}, {r['shards']} shards:",
+        "",
+        "| | prompts/s | ratio to 1 process (torch's default) |",
+        "|---|---:|---:|",
+    ]
     lines += [f"| {label} | {value:.2f} | {value / base:.2f} |" for label, value in rows]
+    busy = ""
+    if "load_average_before" in r:
+        low, high = sorted((r["load_average_before"], r["load_average_after"]))
+        busy = f" Load average {low:.1f} to {high:.1f} during the run."
     lines += [
         "",
-        f"The workers' states equal the single process: {'yes' if r['states_equal'] else 'no'}.",
+        f"The workers' states equal the single process: {'yes' if r['states_equal'] else 'no'}."
+        + busy,
     ]
     return lines
 
@@ -312,6 +321,7 @@ def blocks(data: Path) -> list[tuple[str, str, str]]:
         (BEGIN, END, render(data)),
         (STREAM_BEGIN, STREAM_END, render_streaming(data)),
         (PROBES_BEGIN, PROBES_END, "\n".join(probes_table(data))),
+        (WORKERS2_BEGIN, WORKERS2_END, "\n".join(workers_cpu2_table(data))),
         (DTYPE_BEGIN, DTYPE_END, "\n".join(dtype_table(data))),
         (THREADS_BEGIN, THREADS_END, "\n".join(threads_table(data))),
     ]

@@ -133,7 +133,11 @@ def write_run(path: Path, ds: xr.Dataset, kind: str = "trace") -> Path:
     piece.attrs = {}
     done = int(ds.sizes[append_dim])  # units of work: saved times, or a trace's prompts
     if kind == "trace" and "prompt_index" in ds.coords:
-        done = int(np.unique(ds["prompt_index"].values).size)
+        index = ds["prompt_index"].values
+        done = int(np.unique(index).size)
+        # as a trace stores them: each prompt's particles (its generated tokens
+        # included) together, in prompt order
+        piece = piece.isel(particle=np.argsort(index, kind="stable"))
     writer.append(piece, done=done)
     writer.finish()
     return path
