@@ -173,8 +173,12 @@ def test_the_command_sets_torch_threads_before_torch_loads(env, expected):
     from pathlib import Path
 
     src = Path(__file__).resolve().parents[2] / "src"
+    # every *_NUM_THREADS removed: torch also obeys MKL_NUM_THREADS, which was 1 in a
+    # full-suite run's environment and capped the probe at 1 thread
     clean = {
-        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TOKENFIELD_THREADS")
+        k: v
+        for k, v in os.environ.items()
+        if not k.endswith("_NUM_THREADS") and k != "TOKENFIELD_THREADS"
     }
     result = subprocess.run(
         [sys.executable, "-c", THREADS_PROBE],
