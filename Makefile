@@ -46,7 +46,7 @@ browser-deps:
 		apt-get update -qq && apt-get install -y -qq chromium; }
 
 test: $(STAMP) lint browser-deps
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
