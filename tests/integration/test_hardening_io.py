@@ -45,7 +45,8 @@ def test_steer_commands_refuse_a_symlinked_lock_and_leave_its_target(
                   "--alpha", "1", "--max-new-tokens", "2"],
         "eval-steering": ["eval-steering", "--model", tiny / "tiny-llama", "--n", "6",
                           "--fit", "4", "--validation", "5", "--shots", "1", "--layers", "1",
-                          "--alphas", "0,1", "--controls", "1", "--max-new-tokens", "2",
+                          "--alphas", "0,1", "--controls", "1", "--shuffles", "1", "--halves", "1",
+                          "--max-new-tokens", "2",
                           "--max-operand", "6", "--templates", "add"],
     }[command]  # fmt: skip
     code, _out, err = run_cli([*args, "--out", out], capsys)
