@@ -39,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 import xarray as xr
 
-from tokenfield._io import _json_default, write_json_atomic
+from tokenfield._io import dumps, write_json_atomic
 from tokenfield._lock import LOCK_NAME, WriterLock
 from tokenfield._lock import acquire as acquire_lock
 from tokenfield._version import __version__
@@ -156,7 +156,7 @@ def _version() -> str:
 
 def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config as plain JSON data (round-tripped), for comparison and storage."""
-    return json.loads(json.dumps(dict(config), default=_json_default, sort_keys=True))
+    return json.loads(dumps(dict(config), indent=None, sort_keys=True))
 
 
 @dataclass

@@ -42,7 +42,6 @@ __all__ = [
     "Projection",
     "RunAnalysis",
     "analyze",
-    "analyze_run",
     "bifurcation",
     "centroid_distances",
     "depth_ordering",
@@ -57,12 +56,3 @@ __all__ = [
     "summary_rows",
     "vector_angle",
 ]
-
-
-def __getattr__(name: str):
-    # Old import path (``from tokenfield.analysis import analyze_run``): now a pipeline.
-    if name == "analyze_run":
-        from tokenfield.pipelines.analyze import analyze_run
-
-        return analyze_run
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,8 @@ from tokenfield.errors import UserError
 DEFAULT_EPS = 1e-2
 
 
-def _check_eps(eps: float) -> float:
+def check_eps(eps: float) -> float:
+    """``eps`` as a float in ``[0, 2]`` (the merge threshold on ``1 - cos``), or a UserError."""
     if isinstance(eps, bool) or not (math.isfinite(float(eps)) and 0 <= float(eps) <= 2):
         raise UserError(f"eps must be a number in [0, 2], not {eps}", "pass e.g. eps=1e-2")
     return float(eps)
@@ -85,7 +86,7 @@ class Clusters:
 
 def clusters(states: Any, eps: float = DEFAULT_EPS) -> Clusters:
     """Cluster one configuration ``(n, d)`` (array, or DataArray ``(particle, feature)``)."""
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     if isinstance(states, xr.DataArray):
         states = states.transpose("particle", "feature").values
     x = np.asarray(states, dtype=np.float64)
@@ -113,7 +114,7 @@ def cluster_count(states: Any, eps: float = DEFAULT_EPS) -> Any:
         An int for one configuration, else an int array / DataArray of the
         leading shape.
     """
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
 
     def frame(x: np.ndarray) -> int:
         return int(np.unique(_components(x, eps)).size)

@@ -43,23 +43,26 @@ from tokenfield.analysis.clusters import cluster_count
 from tokenfield.analysis.effective_beta import attention_field, effective_beta
 from tokenfield.runs import FLOW_HTML, FLOW_JSON
 
-__all__ = ["AttentionFlow", "FLOW_FIGURE", "FLOW_HTML", "FLOW_JSON", "GRAM_COS", "VARIANTS"]
+__all__ = [
+    "AttentionFlow",
+    "FLOW_FIGURE",
+    "FLOW_HTML",
+    "FLOW_JSON",
+    "GRAM_COS",
+    "VARIANTS",
+    "flow_measures",
+    "identity_flow",
+]
 
-_MOVED = {
-    "attention_flow": "tokenfield.pipelines.flow",
-    "flow_states": "tokenfield.pipelines.flow",
-    "mlps_removed": "tokenfield.pipelines.flow",
-    "random_copy": "tokenfield.pipelines.flow",
-    "write_flow": "tokenfield.pipelines.flow",
-    "flow_html_section": "tokenfield.viz.flow",
-    "plot_flow": "tokenfield.viz.flow",
-}
 
 VARIANTS = ("full", "attention", "identity", "random_attention")
 GRAM_COS = 0.999
 
 
-def _identity_flow(real: xr.Dataset, causal: bool) -> xr.Dataset:
+def identity_flow(real: xr.Dataset, causal: bool) -> xr.Dataset:
+    """The ``identity`` variant: each layer-0 cloud of ``real`` (a trace with
+    ``positions="all"``) stepped by the Q = K = V = I field with that layer's fitted
+    ``(beta_l, h_l)``; a Dataset shaped like ``real``."""
 
     fits = effective_beta(real, causal=causal)
     betas, steps = fits.column("beta"), fits.column("step")
@@ -146,10 +149,12 @@ class AttentionFlow:
         ]
 
 
-def _measure(
+def flow_measures(
     states: np.ndarray, real: np.ndarray, groups: np.ndarray, eps: float
 ) -> tuple[np.ndarray, ...]:
-
+    """Per time, averaged over prompts (``groups``): the cluster count, the mean
+    pairwise cosine, the Gram rank at ``GRAM_COS`` and the mean angle to ``real``
+    (``states`` and ``real``: ``(time, particle, feature)``)."""
     prompts = np.unique(groups)
     shape = (prompts.size, states.shape[0])
     clusters, cosine, rank, distance = (np.empty(shape) for _ in range(4))
@@ -167,13 +172,3 @@ def _measure(
 
 
 FLOW_FIGURE = "theory_flow.png"
-
-
-def __getattr__(name: str):
-    # Old import paths (docs/theory-lens.md: tokenfield.analysis.flow.attention_flow):
-    # the workflow is in tokenfield.pipelines.flow, the drawing in tokenfield.viz.flow.
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

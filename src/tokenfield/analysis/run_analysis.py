@@ -2,7 +2,7 @@
 separation, bifurcation and centroid distances, on a trace or a simulation.
 
 :func:`analyze` computes (Dataset in, :class:`RunAnalysis` out, nothing
-written); :func:`analyze_run` opens a run directory, analyses it and writes
+written); :func:`tokenfield.pipelines.analyze.analyze_run` opens a run directory, analyses it and writes
 ``metrics.json``, ``projection.npz`` and ``figures/`` into it.
 """
 
@@ -481,12 +481,3 @@ def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
         return pattern.format(value)
     except (TypeError, ValueError):
         return str(value)
-
-
-def __getattr__(name: str):
-    # Old import path: the workflow that opens a run and writes files lives in pipelines.
-    if name == "analyze_run":
-        from tokenfield.pipelines.analyze import analyze_run
-
-        return analyze_run
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

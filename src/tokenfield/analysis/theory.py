@@ -44,9 +44,16 @@ from tokenfield.analysis.probes import (
 )
 from tokenfield.runs import THEORY_HTML, THEORY_JSON
 
-__all__ = ["THEORY_HTML", "THEORY_JSON", "SimulatedClouds", "TheoryLens"]
-
-_MOVED = ("model_of_run", "simulate_from_run", "theory_lens", "write_theory")
+__all__ = [
+    "THEORY_HTML",
+    "THEORY_JSON",
+    "SimulatedClouds",
+    "TheoryLens",
+    "is_causal_run",
+    "pick_simulation",
+    "probe_curves",
+    "traced_all_positions",
+]
 
 
 @dataclass(frozen=True)
@@ -108,16 +115,20 @@ class TheoryLens:
     to_json = to_dict  # the old name of the one serialisation verb
 
 
-def _is_all(ds: xr.Dataset) -> bool:
+def traced_all_positions(ds: xr.Dataset) -> bool:
+    """Whether the run kept every token (``positions="all"``), not only the last."""
     return "is_last" in ds.coords and not bool(np.asarray(ds["is_last"].values).all())
 
 
-def _causal(ds: xr.Dataset) -> bool:
+def is_causal_run(ds: xr.Dataset) -> bool:
+    """Whether the run's model attends causally (every family but BERT)."""
     model = ds.attrs.get("run", {}).get("config", {}).get("model", {})
     return model.get("family", "llama") != "bert"
 
 
-def _probes(ds: xr.Dataset, permutations: int, seed: int, notes: list[str], tag: str):
+def probe_curves(ds: xr.Dataset, permutations: int, seed: int, notes: list[str], tag: str):
+    """The category probes of a run (last token, and token mean when every token
+    was kept), by name; skipped with a note (prefixed ``tag``) without two categories."""
     out: dict[str, ProbeCurve] = {}
     categories = np.asarray(ds["category"].values) if "category" in ds.coords else None
     if categories is None or np.unique(categories[categories != ""]).size < 2:
@@ -126,7 +137,7 @@ def _probes(ds: xr.Dataset, permutations: int, seed: int, notes: list[str], tag:
     time = np.asarray(ds["time"].values)
     features, labels = last_token_features(ds)
     out["last"] = probe_accuracy(features, labels, time=time, permutations=permutations, seed=seed)
-    if _is_all(ds):
+    if traced_all_positions(ds):
         features, labels = pooled_features(ds)
         out["pooled"] = probe_accuracy(
             features, labels, time=time, permutations=permutations, seed=seed
@@ -136,7 +147,7 @@ def _probes(ds: xr.Dataset, permutations: int, seed: int, notes: list[str], tag:
     return out
 
 
-def _pick_simulation(beta: EffectiveBeta | None) -> tuple[float, float, str]:
+def pick_simulation(beta: EffectiveBeta | None) -> tuple[float, float, str]:
     """The median fitted beta and step over layers whose fit explains anything."""
     if beta is not None:
         r2 = beta.column("r2")
@@ -147,12 +158,3 @@ def _pick_simulation(beta: EffectiveBeta | None) -> tuple[float, float, str]:
             if h > 0:
                 return b, h, "median effective beta and step over layers with R^2 > 0.01"
     return 1.0, 0.1, "default (no usable effective-beta fit)"
-
-
-def __getattr__(name: str):
-    # Old import paths: the workflow functions now live in tokenfield.pipelines.theory.
-    if name in _MOVED:
-        from tokenfield.pipelines import theory
-
-        return getattr(theory, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

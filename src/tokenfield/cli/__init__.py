@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     Exit status: 0 done, 2 a user error (one line on stderr), 130 / 143
     interrupted by SIGINT (Ctrl-C) / SIGTERM (one line saying how to resume).
     """
-    from tokenfield import _lock, runs
+    from tokenfield import runs
+    from tokenfield._lock import release_all
 
     runs.reset_write_log()
     previous = _install_signal_handlers()
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = threads_before
-        _lock.release_all()
+        release_all()
         for signum, handler in previous.items():
             with contextlib.suppress(ValueError, OSError, TypeError):
                 signal.signal(signum, handler)  # type: ignore[arg-type]

@@ -156,9 +156,9 @@ def steer_command(
     with console.status("loading model"):
         loaded = spec.load()
     steer_vec.check_model(loaded)
-    from tokenfield.steering.generate import _require_causal
+    from tokenfield.steering.generate import require_causal
 
-    _require_causal(loaded)
+    require_causal(loaded)
     frame = None
     if (run / "projection.npz").is_file():
         from tokenfield.analysis.projection import load_projection
@@ -317,23 +317,23 @@ def eval_steering_command(
             raise UserError(f"{flag} must be at least {least}, got {value}", f"raise {flag}")
     if dtype not in ("float32", "bfloat16"):
         raise UserError(f"unknown --dtype '{dtype}'", "use float32 or bfloat16")
-    from tokenfield.steering.evaluate import _n_splits
+    from tokenfield.steering.evaluate import distinct_splits
 
     # every draw of a family is a different split: no more draws than splits
     for flag, value, states in (("--shuffles", shuffles, 2 * fit), ("--halves", halves, fit)):
-        if value > _n_splits(states):
+        if value > distinct_splits(states):
             raise UserError(
                 f"{flag} {value} asks for more distinct splits than --fit {fit} gives "
-                f"({_n_splits(states)})",
+                f"({distinct_splits(states)})",
                 f"lower {flag} or raise --fit",
             )
     spec = ModelSpec(model, dtype=dtype)
     console = Console(stderr=True)
     with console.status(f"loading {model}"):
         loaded = spec.load()
-    from tokenfield.steering.generate import _require_causal
+    from tokenfield.steering.generate import require_causal
 
-    _require_causal(loaded)  # an encoder fails here, before --out is created
+    require_causal(loaded)  # an encoder fails here, before --out is created
     if layer_list:
         from tokenfield.steering.vectors import check_layer
 

@@ -96,16 +96,11 @@ class ItemResult:
         }
 
 
-# -- 1. equiangular collapse -------------------------------------------------------
-
-
-# -- 2. the phase diagram of GLPR ----------------------------------------------------
-
-
 # -- 3. circle synchronisation (PRY 2025) -------------------------------------------
 
 
-def _angles(states: np.ndarray) -> np.ndarray:
+def polar_angles(states: np.ndarray) -> np.ndarray:
+    """The angle of each point on the circle: ``(..., 2)`` -> ``(...)``."""
     return np.arctan2(states[..., 1], states[..., 0])
 
 
@@ -138,7 +133,7 @@ def stuck_spectrum(theta: np.ndarray, beta: float, normalization: str = "usa") -
 # -- 4. linear stability --------------------------------------------------------------
 
 
-def _sectoral_gradient(points: np.ndarray, degree: int) -> np.ndarray:
+def sectoral_gradient(points: np.ndarray, degree: int) -> np.ndarray:
     """``grad_S Re (x_1 + i x_2)^l``: an eigen-displacement of degree ``l``."""
     z = points[:, 0] + 1j * points[:, 1]
     derivative = degree * z ** (degree - 1)
@@ -164,18 +159,3 @@ def staircase(states: np.ndarray, times: np.ndarray, beta: float, eps: float = 1
     level = np.array([float((m**2).sum()) for m in masses])
     counts = np.array([m.size for m in masses])
     return energy, level, counts, masses
-
-
-# -- 6. the mean-field PDE against particles -------------------------------------------
-
-
-_MOVED = ("ITEMS", "run_item", "run_suite", "write_conformance")
-
-
-def __getattr__(name: str):
-    # Old import path (docs/conformance.md): the items and the runner are a pipeline.
-    if name in _MOVED or name.endswith("_item"):
-        from tokenfield.pipelines import conformance
-
-        return getattr(conformance, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

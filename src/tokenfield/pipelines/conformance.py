@@ -27,9 +27,9 @@ from tokenfield.errors import ParameterError, UserError
 from tokenfield.meanfield.conformance import (
     STUCK_FIELD,
     ItemResult,
-    _angles,
-    _sectoral_gradient,
     classify_circle_states,
+    polar_angles,
+    sectoral_gradient,
     staircase,
     stuck_spectrum,
 )
@@ -221,13 +221,13 @@ def circle_sync_item(quick: bool = False) -> ItemResult:
             }
             spectra = []
             for s in np.flatnonzero(labels == "stuck")[:4]:
-                top = stuck_spectrum(_angles(states[s]), beta)
+                top = stuck_spectrum(polar_angles(states[s]), beta)
                 spectra.append(top)
                 (stable_found if top < 0 else []).append(
                     {
                         "n": n,
                         "beta": beta,
-                        "theta": np.sort(np.mod(_angles(states[s]), 2 * np.pi)),
+                        "theta": np.sort(np.mod(polar_angles(states[s]), 2 * np.pi)),
                         "top_eigenvalue": top,
                     }  # fmt: skip
                 )
@@ -287,7 +287,7 @@ def linear_stability_item(quick: bool = False) -> ItemResult:
         for beta in (-3.0, 4.0):
             rates = growth_rates(range(5), beta, dim=3, normalization=normalization)
             for degree in (1, 2, 3, 4):
-                xi = _sectoral_gradient(points, degree)
+                xi = sectoral_gradient(points, degree)
                 moved = weighted_linearization(
                     points, weights, xi, beta, normalization=normalization
                 )

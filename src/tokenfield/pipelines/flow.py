@@ -6,111 +6,39 @@ idealised flow; measure (:mod:`tokenfield.analysis.flow`); write ``flow.json``,
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import io
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import xarray as xr
 
 from tokenfield._io import write_atomic
-from tokenfield.analysis.clusters import _check_eps
+from tokenfield.analysis.clusters import check_eps
 from tokenfield.analysis.flow import (
     FLOW_FIGURE,
     FLOW_HTML,
     FLOW_JSON,
     VARIANTS,
     AttentionFlow,
-    _identity_flow,
-    _measure,
+    flow_measures,
+    identity_flow,
 )
 from tokenfield.errors import UserError
-from tokenfield.models.load import wrap_model
+from tokenfield.models.surgery import (
+    MlpPutBack,
+    mlp_owners,
+    mlps_removed,
+    mlps_swapped,
+    random_copy,
+)
 from tokenfield.models.trace import trace
 from tokenfield.prompts import as_prompts
 from tokenfield.runs import write_json_atomic
 from tokenfield.viz.flow import flow_html_section, plot_flow
 
-__all__ = [
-    "MlpPutBack",
-    "attention_flow",
-    "flow_states",
-    "mlps_removed",
-    "mlps_swapped",
-    "random_copy",
-    "write_flow",
-]
-
-
-def _mlp_owners(model: Any) -> list[Any]:
-    blocks = model.sites.blocks
-    owners = [block for block in blocks if hasattr(block, "mlp")]
-    if len(owners) != len(blocks):
-        raise UserError(
-            f"model '{model.name}' has blocks without an 'mlp' module ({model.family.name} family)",
-            "the attention-only flow supports llama-, gpt2- and gpt_neox-family models",
-        )
-    return owners
-
-
-class _ZeroMlp(torch.nn.Module):
-    """An MLP that returns zero: the attention-only flow."""
-
-    def forward(self, hidden, *args, **kwargs):  # noqa: D401
-        return torch.zeros_like(hidden)
-
-
-class MlpPutBack(torch.nn.Module):
-    """Swapped in where the MLP was, calling it: the flow with the MLP put back
-    goes through the same swap as the attention-only flow."""
-
-    def __init__(self, mlp: torch.nn.Module):
-        super().__init__()
-        self.original = mlp
-
-    def forward(self, hidden, *args, **kwargs):  # noqa: D401
-        return self.original(hidden, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def mlps_swapped(model: Any, replacement: Callable[[torch.nn.Module], torch.nn.Module]):
-    """Within the block, every block's MLP module is ``replacement(mlp)`` (restored
-    after, even on error)."""
-
-    owners = _mlp_owners(model)
-    saved = [owner.mlp for owner in owners]
-    try:
-        for owner, mlp in zip(owners, saved, strict=True):
-            owner._modules["mlp"] = replacement(mlp)
-        yield
-    finally:
-        for owner, mlp in zip(owners, saved, strict=True):
-            owner._modules["mlp"] = mlp
-
-
-def mlps_removed(model: Any) -> contextlib.AbstractContextManager[None]:
-    """Within the block, every block's MLP returns zero (restored after)."""
-    return mlps_swapped(model, lambda _mlp: _ZeroMlp())
-
-
-def random_copy(model: Any, seed: int = 0) -> Any:
-    """A random-weight copy of ``model``'s architecture (seeded) whose token
-    embedding is the real one, so its layer-0 cloud is the real model's."""
-
-    hf = model.model
-    config = copy.deepcopy(hf.config)
-    torch.manual_seed(seed)
-    twin = type(hf)(config).to(dtype=next(hf.parameters()).dtype, device=model.device)
-    wrapped = wrap_model(twin, model.tokenizer, f"{model.name} (random)", random_weights=True,
-                         seed=seed)  # fmt: skip
-    with torch.no_grad():
-        wrapped.sites.embed_tokens.weight.copy_(model.sites.embed_tokens.weight)
-    return wrapped
+__all__ = ["attention_flow", "flow_states", "write_flow"]
 
 
 def _prompts_of(ds: xr.Dataset) -> list[Any]:
@@ -150,7 +78,7 @@ def flow_states(
     if variant == "identity":
         if real is None:
             real = trace(model, prompts, **options)
-        return _identity_flow(real, model.causal)
+        return identity_flow(real, model.causal)
     raise UserError(f"unknown flow variant '{variant}'", f"use one of {', '.join(VARIANTS)}")
 
 
@@ -178,8 +106,8 @@ def attention_flow(
         progress: called with each variant's name as it starts.
     """
 
-    eps = _check_eps(eps)
-    _mlp_owners(model)
+    eps = check_eps(eps)
+    mlp_owners(model)
     if real is not None:
         config = json.loads(real.attrs.get("tokenfield_config", "{}"))
         if config.get("positions") != "all":
@@ -224,7 +152,7 @@ def attention_flow(
                     f"(relative gap {gap:.1e})",
                     "pass the model that made the run",
                 )
-        measures.append(_measure(states, reference, groups, eps))
+        measures.append(flow_measures(states, reference, groups, eps))
     stack = [np.stack([m[k] for m in measures]) for k in range(4)]
     tokens = float(np.mean(np.unique(groups, return_counts=True)[1]))
     return AttentionFlow(

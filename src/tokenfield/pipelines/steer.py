@@ -16,7 +16,7 @@ import xarray as xr
 from tokenfield._progress import ProgressBar
 from tokenfield.analysis.projection import fit_projection, project
 from tokenfield.models.trace import trace
-from tokenfield.steering.closed_loop import _top5, category_centroids, progress_toward
+from tokenfield.steering.closed_loop import category_centroids, progress_toward
 from tokenfield.steering.generate import greedy_continuations, next_token_logprobs
 from tokenfield.steering.hooks import steering
 from tokenfield.steering.vectors import SteeringVector, random_control
@@ -92,7 +92,7 @@ def closed_loop(
                         "progress_by_time": moved.tolist(),
                         "kl_mean": float(kl.mean()),
                         "top1_changed": float(top1_changed.mean()),
-                        "top5": _top5(model, got["logp"]),
+                        "top5": top5_tokens(model, got["logp"]),
                         "continuations": got["text"],
                     }
                 )
@@ -106,7 +106,7 @@ def closed_loop(
         "positions": positions,
         "prompts": texts,
         "unsteered": {
-            "top5": _top5(model, base["logp"]),
+            "top5": top5_tokens(model, base["logp"]),
             "continuations": base["text"],
             "paths": base_pcs.tolist(),
         },
@@ -119,3 +119,9 @@ def closed_loop(
         },
         "explained_variance_ratio": np.asarray(frame.explained_variance_ratio).tolist()[:2],
     }
+
+
+def top5_tokens(model: Any, logprobs: torch.Tensor) -> list[list[str]]:
+    """The five most likely next tokens of each row of ``logprobs`` ``(prompt, vocab)``, decoded."""
+    ids = logprobs.topk(5, dim=-1).indices
+    return [[model.tokenizer.decode([t]) for t in row.tolist()] for row in ids]

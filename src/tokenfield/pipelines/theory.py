@@ -27,10 +27,10 @@ from tokenfield.analysis.theory import (
     THEORY_JSON,
     SimulatedClouds,
     TheoryLens,
-    _causal,
-    _is_all,
-    _pick_simulation,
-    _probes,
+    is_causal_run,
+    pick_simulation,
+    probe_curves,
+    traced_all_positions,
 )
 from tokenfield.errors import UserError
 from tokenfield.models.attention import head_inputs
@@ -325,7 +325,7 @@ def theory_lens(
             f"'{run}' is a {info_run.kind} run", "pass a run made by 'tokenfield trace'"
         )
     ds = open_run(run).load()
-    causal = _causal(ds)
+    causal = is_causal_run(ds)
     notes: list[str] = []
     info = {
         "run": str(run),
@@ -356,7 +356,7 @@ def theory_lens(
             raise UserError(f"baseline '{baseline}' is not a trace run")
         base = open_run(baseline).load()
     step = _stepper(progress, ds, base, simulate, model, baseline_model)
-    if _is_all(ds):
+    if traced_all_positions(ds):
         step("token clouds")
         parts["clouds"] = token_clouds(ds, eps=eps, more_eps=more_eps)
         step("effective beta")
@@ -364,7 +364,7 @@ def theory_lens(
         if model is not None:
             step("effective beta, own heads")
             parts["beta_heads"] = _heads_fit(ds, model, causal)
-        if base is not None and _is_all(base):
+        if base is not None and traced_all_positions(base):
             step("baseline clouds")
             parts["baseline_clouds"] = token_clouds(base, eps=eps, more_eps=more_eps)
             step("baseline effective beta")
@@ -373,7 +373,7 @@ def theory_lens(
                 step("baseline effective beta, own heads")
                 parts["baseline_beta_heads"] = _heads_fit(base, baseline_model, causal)
         if simulate:
-            beta, dt, source = _pick_simulation(parts["beta"])
+            beta, dt, source = pick_simulation(parts["beta"])
             if sim_beta is not None or sim_dt is not None:
                 beta = beta if sim_beta is None else float(sim_beta)
                 dt = dt if sim_dt is None else float(sim_dt)
@@ -399,10 +399,10 @@ def theory_lens(
         step("baseline attention")
         parts["baseline_attention"] = attention_by_layer(base)
     step("probes")
-    parts["probes"] = _probes(ds, permutations, seed, notes, "")
+    parts["probes"] = probe_curves(ds, permutations, seed, notes, "")
     if base is not None:
         step("baseline probes")
-        parts["baseline_probes"] = _probes(base, permutations, seed, notes, "baseline ")
+        parts["baseline_probes"] = probe_curves(base, permutations, seed, notes, "baseline ")
     if "lens_rank" in ds:
         step("logit lens")
         parts["lens"] = logit_lens_summary(ds)
@@ -424,9 +424,9 @@ def _stepper(
         return lambda label: None
     total = 1 + (base is not None) + ("attn_lambda2" in ds) + ("lens_rank" in ds)
     total += base is not None and "attn_lambda2" in base
-    if _is_all(ds):
+    if traced_all_positions(ds):
         total += 2 + (model is not None) + bool(simulate)
-        if base is not None and _is_all(base):
+        if base is not None and traced_all_positions(base):
             total += 2 + (baseline_model is not None)
     return lambda label: progress(label, int(total))
 

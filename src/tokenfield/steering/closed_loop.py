@@ -16,10 +16,7 @@ For each alpha, and for a random control direction of the same norm:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import torch
 import xarray as xr
 
 __all__ = ["category_centroids", "progress_toward"]
@@ -44,17 +41,3 @@ def progress_toward(steered: np.ndarray, unsteered: np.ndarray, target: np.ndarr
     d_steered = np.linalg.norm(steered - target[:, None, :], axis=-1).mean(axis=1)
     d_unsteered = np.linalg.norm(unsteered - target[:, None, :], axis=-1).mean(axis=1)
     return 1.0 - d_steered / np.where(d_unsteered > 0, d_unsteered, 1.0)
-
-
-def _top5(model: Any, logprobs: torch.Tensor) -> list[list[str]]:
-    ids = logprobs.topk(5, dim=-1).indices
-    return [[model.tokenizer.decode([t]) for t in row.tolist()] for row in ids]
-
-
-def __getattr__(name: str):
-    # Old import path: the closed loop traces a model, so it is a pipeline now.
-    if name == "closed_loop":
-        from tokenfield.pipelines.steer import closed_loop
-
-        return closed_loop
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -63,6 +63,7 @@ __all__ = [
     "control_rank",
     "family_summary",
     "control_families",
+    "distinct_splits",
     "TRIVIAL",
     "FAMILIES",
 ]
@@ -181,8 +182,9 @@ def _halves(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return order[:half], order[half : 2 * half]
 
 
-def _n_splits(n: int) -> int:
-    """How many different ordered splits :func:`_halves` can draw."""
+def distinct_splits(n: int) -> int:
+    """How many different ordered splits into two halves ``n`` items allow (a
+    family of controls draws at most this many)."""
     half = n // 2
     return math.comb(n, half) * math.comb(n - half, half)
 
@@ -195,10 +197,10 @@ def _distinct_halves(n: int, seeds: Sequence[int], what: str) -> list[tuple[np.n
     Raises:
         UserError: more draws than there are different splits.
     """
-    if len(seeds) > _n_splits(n):
+    if len(seeds) > distinct_splits(n):
         raise UserError(
             f"{len(seeds)} {what} ask for more distinct splits than {n} fit states have "
-            f"({_n_splits(n)})",
+            f"({distinct_splits(n)})",
             f"lower the number of {what} or raise --fit",
         )
     seen: set[tuple[int, ...]] = set()

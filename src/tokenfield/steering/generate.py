@@ -28,10 +28,12 @@ __all__ = [
     "answer_conditions",
     "Condition",
     "count_answers",
+    "require_causal",
 ]
 
 
-def _require_causal(model: Any) -> None:
+def require_causal(model: Any) -> None:
+    """Refuse a model without a language-model head (one line, exit 2)."""
     if not model.causal:
         raise UserError(
             f"model '{model.name}' has no language-model head",
@@ -43,7 +45,7 @@ def next_token_logprobs(
     model: Any, prompts: Sequence[str], *, chat: bool = False, batch_size: int = 16
 ) -> torch.Tensor:
     """Log-probabilities of the next token after each prompt: ``(n_prompts, vocab)``."""
-    _require_causal(model)
+    require_causal(model)
     encoded = encode_prompts(model, as_prompts(prompts), chat=chat)
     rows = []
     with torch.inference_mode():
@@ -94,7 +96,7 @@ def greedy_continuations(
             prompts' last-token states from the prefill pass, so a caller that needs
             both the answers and the states pays for one forward pass, not two.
     """
-    _require_causal(model)
+    require_causal(model)
     encoded = encode_prompts(model, as_prompts(prompts), chat=chat)
     tokenizer = model.tokenizer
     pad_id = (
@@ -216,7 +218,7 @@ def answer_conditions(
     from tokenfield.steering.hooks import steering
     from tokenfield.steering.problems import answer_finished
 
-    _require_causal(model)
+    require_causal(model)
     if positions not in ("last", "all"):
         raise UserError(f"unknown steering positions '{positions}'", "use 'last' or 'all'")
     names = [c.name for c in conditions]
