@@ -51,7 +51,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv):
 
 
 def test_a_failing_item_is_reported_with_status_1(tmp_path, monkeypatch, capsys):
-    import tokenfield.meanfield.conformance as conformance
+    import tokenfield.pipelines.conformance as conformance
 
     def failing(quick):
         return ItemResult("equiangular", "ref", "measured", "tol", passed=False)

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from tests.integration.tiny import PROMPTS, tiny_loaded
-from tokenfield.analysis.flow import VARIANTS, attention_flow, flow_states, mlps_removed
+from tokenfield.analysis.flow import VARIANTS
 from tokenfield.errors import UserError
 from tokenfield.models.load import wrap_model
+from tokenfield.models.surgery import mlps_removed
 from tokenfield.models.trace import trace
+from tokenfield.pipelines.flow import attention_flow, flow_states
 
 FAMILIES = ("llama", "gemma3")
 

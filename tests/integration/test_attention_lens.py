@@ -9,9 +9,10 @@ import pytest
 
 import tokenfield as tf
 from tests.integration.tiny import tiny_loaded
-from tokenfield.analysis.theory import THEORY_JSON, theory_lens
+from tokenfield.analysis.theory import THEORY_JSON
 from tokenfield.cli import main
 from tokenfield.errors import UserError
+from tokenfield.pipelines.theory import theory_lens
 from tokenfield.prompts import Prompt
 from tokenfield.viz.theory import theory_html_section
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tokenfield.cli import main
-from tokenfield.meanfield.conformance import ITEMS
+from tokenfield.pipelines.conformance import ITEMS
 
 KEYS = {"name", "reference", "measured", "tolerance", "status", "seconds"}
 

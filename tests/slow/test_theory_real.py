@@ -18,8 +18,8 @@ import torch
 
 import tokenfield as tf
 from tokenfield.analysis.markov import PER_HEAD, summarize_attention
-from tokenfield.analysis.theory import theory_lens
 from tokenfield.models.attention import attention_matrices
+from tokenfield.pipelines.theory import theory_lens
 
 pytestmark = pytest.mark.slow
 

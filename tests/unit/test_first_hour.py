@@ -251,11 +251,11 @@ def test_steered_paths_draw_the_layers_the_runs_figures_draw(times, drawn):
 
 
 def test_steer_reads_the_runs_time_convention(tmp_path):
-    from tokenfield.cli.steer_cmd import _time_convention
+    from tokenfield.pipelines.steer import time_convention
 
-    assert _time_convention(tmp_path) == "seed"  # not analysed yet: analyze's default
+    assert time_convention(tmp_path) == "seed"  # not analysed yet: analyze's default
     (tmp_path / "metrics.json").write_text(json.dumps({"options": {"times": "all"}}))
-    assert _time_convention(tmp_path) == "all"
+    assert time_convention(tmp_path) == "all"
 
 
 def test_lines_on_white_are_never_yellow():

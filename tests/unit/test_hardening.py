@@ -178,13 +178,13 @@ def test_a_report_from_before_the_marker_is_still_replaced(trace_runs, tmp_path,
 
 
 def test_steer_overwrite_deletes_only_its_own_files(tmp_path):
-    from tokenfield.cli.steer_cmd import _prepare_out
+    from tokenfield.pipelines.steer import prepare_steering_out
 
     out = tmp_path / "steer"
     out.mkdir()
     for name in ("steering.json", "vector.safetensors", "notes.md"):
         (out / name).write_text("x")
-    _prepare_out(out, True, "steering.json")
+    prepare_steering_out(out, True, "steering.json")
     _lock.release_all()
     assert sorted(p.name for p in out.iterdir()) == ["notes.md"]
 
@@ -367,9 +367,9 @@ def test_a_write_error_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("n", ["10000000000", "100000000"])
 def test_simulate_refuses_a_system_too_large_before_allocating(tmp_path, n, capsys, monkeypatch):
-    from tokenfield.cli import simulate_cmd
+    from tokenfield.pipelines import simulate as simulate_pipeline
 
-    monkeypatch.setattr(simulate_cmd, "_available_memory", lambda: 16 * 10**9)
+    monkeypatch.setattr(simulate_pipeline, "available_memory", lambda: 16 * 10**9)
     code, _out, err = run_cli(["simulate", "--n", n, "--out", tmp_path / "big"], capsys)
     assert code == 2
     line = one_error_line(err)

@@ -618,21 +618,21 @@ def test_overwrite_still_refuses_a_directory_that_is_not_a_run(tmp_path, capsys)
 
 
 def test_steering_overwrite_deletes_only_its_own_figures(tmp_path):
-    from tokenfield.cli.steer_cmd import _prepare_out
+    from tokenfield.pipelines.steer import prepare_steering_out
 
     out = tmp_path / "eval"
     (out / "figures").mkdir(parents=True)
     (out / "eval.json").write_text("{}")
     for name in ("test_summary.png", "accuracy_vs_alpha.svg", "notes.txt", "mine.png"):
         (out / "figures" / name).write_text("x")
-    _prepare_out(out, True, "eval.json")
+    prepare_steering_out(out, True, "eval.json")
     assert sorted(p.name for p in (out / "figures").iterdir()) == ["mine.png", "notes.txt"]
     assert not (out / "eval.json").exists()
 
 
 def test_steering_overwrite_refuses_a_symlinked_figures_dir(tmp_path):
-    from tokenfield.cli.steer_cmd import _prepare_out
     from tokenfield.errors import UserError
+    from tokenfield.pipelines.steer import prepare_steering_out
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -642,6 +642,6 @@ def test_steering_overwrite_refuses_a_symlinked_figures_dir(tmp_path):
     (out / "eval.json").write_text("{}")
     (out / "figures").symlink_to(elsewhere)
     with pytest.raises(UserError, match="symbolic link"):
-        _prepare_out(out, True, "eval.json")
+        prepare_steering_out(out, True, "eval.json")
     assert (elsewhere / "test_summary.png").read_text() == "precious"
     assert (out / "eval.json").exists()  # nothing deleted before the refusal

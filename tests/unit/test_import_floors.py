@@ -6,9 +6,10 @@ An arrow may stay on its floor or go down; it may never go up, and the arrows
 between packages may not close a cycle. The floors are written once, here, and
 drawn in ``docs/architecture.md``.
 
-Two things are not arrows: a module-level ``__getattr__`` (the lazy alias that keeps
-an old import path working after a function moved up to ``pipelines``), and the
-entries of ``PENDING``, each of which must still exist (a fixed one must be removed).
+Every import is an arrow, those inside a module-level ``__getattr__`` included; the
+entries of ``PENDING`` are excused, and each must still exist (a fixed one must be
+removed). Only the public facade (``tokenfield/__init__.py``) may define a
+module-level ``__getattr__``: a name is imported from the module that defines it.
 """
 
 from __future__ import annotations
@@ -80,19 +81,13 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -
 
 def imports_of(path: Path, module: str | None = None) -> list[tuple[str, int]]:
     """``(imported tokenfield module, line)`` for every import in the file (the
-    module ``module``, by default the one at ``path``), function-local ones
-    included, aliases in a module-level ``__getattr__`` not."""
+    module ``module``, by default the one at ``path``), function-local ones and
+    those in a module-level ``__getattr__`` included."""
     module = module or module_name(path)
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    aliases = {
-        id(inner)
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
-        for inner in ast.walk(node)
-    }
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in aliases:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
             for target in _targets(node, module, path.name == "__init__.py"):
                 if target == "tokenfield" or target.startswith("tokenfield."):
                     found.append((target, node.lineno))
@@ -167,8 +162,8 @@ def test_pending_exceptions_still_exist(pending):
 
 
 def test_the_checker_sees_function_local_imports_and_cycles(tmp_path):
-    """The checker itself: a function-local import up a floor and a two-package
-    cycle are both found; an alias in ``__getattr__`` is not an arrow."""
+    """The checker itself: a function-local import up a floor (in ``__getattr__``
+    too) and a two-package cycle are both found."""
     source = (
         "def f():\n    from tokenfield.cli import main\n\n"
         "def __getattr__(name):\n    from tokenfield.pipelines import analyze\n"
@@ -176,7 +171,7 @@ def test_the_checker_sees_function_local_imports_and_cycles(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(source)
     found = imports_of(probe, "tokenfield.analysis.probe")
-    assert found == [("tokenfield.cli", 2)]
+    assert found == [("tokenfield.cli", 2), ("tokenfield.pipelines.analyze", 5)]
     up = [("tokenfield.analysis.x", "tokenfield.cli", 2)]
     assert _violations(up) and "up from 'analysis' to 'cli'" in _violations(up)[0]
     loop = [("tokenfield.analysis.a", "tokenfield.meanfield.b", 1),
@@ -187,33 +182,64 @@ def test_the_checker_sees_function_local_imports_and_cycles(tmp_path):
     )
 
 
-# Old import paths of functions that moved up to pipelines/ or viz/, and where they live now.
-MOVED = {
+def module_getattrs(root: Path = SRC) -> list[str]:
+    """The modules under ``root`` that define a module-level ``__getattr__``."""
+    return [
+        module_name(path) if root == SRC else path.stem
+        for path in sorted(root.rglob("*.py"))
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+        )
+    ]
+
+
+def test_only_the_facade_defines_a_module_getattr():
+    """No re-export shims: "go to definition" lands where the name is defined."""
+    assert module_getattrs() == ["tokenfield"]
+
+
+def test_the_getattr_finder_sees_a_shim(tmp_path):
+    (tmp_path / "mod.py").write_text("def __getattr__(name):\n    raise AttributeError(name)\n")
+    (tmp_path / "other.py").write_text("class A:\n    def __getattr__(self, name):\n        pass\n")
+    assert module_getattrs(tmp_path) == ["mod"]
+
+
+# Old import paths of functions that moved up to pipelines/, viz/ or models/: gone (the
+# shims were deleted), each name imported from its one home.
+GONE = {
     "tokenfield.analysis:analyze_run": "tokenfield.pipelines.analyze:analyze_run",
     "tokenfield.analysis.run_analysis:analyze_run": "tokenfield.pipelines.analyze:analyze_run",
     "tokenfield.analysis.theory:theory_lens": "tokenfield.pipelines.theory:theory_lens",
-    "tokenfield.analysis.theory:write_theory": "tokenfield.pipelines.theory:write_theory",
-    "tokenfield.analysis.theory:model_of_run": "tokenfield.pipelines.theory:model_of_run",
     "tokenfield.analysis.flow:attention_flow": "tokenfield.pipelines.flow:attention_flow",
-    "tokenfield.analysis.flow:flow_states": "tokenfield.pipelines.flow:flow_states",
+    "tokenfield.analysis.flow:mlps_removed": "tokenfield.models.surgery:mlps_removed",
     "tokenfield.analysis.flow:plot_flow": "tokenfield.viz.flow:plot_flow",
     "tokenfield.meanfield.conformance:run_suite": "tokenfield.pipelines.conformance:run_suite",
     "tokenfield.meanfield.conformance:ITEMS": "tokenfield.pipelines.conformance:ITEMS",
-    "tokenfield.meanfield.conformance:equiangular_item": (
-        "tokenfield.pipelines.conformance:equiangular_item"
-    ),
     "tokenfield.steering.closed_loop:closed_loop": "tokenfield.pipelines.steer:closed_loop",
-    "tokenfield:analyze_run": "tokenfield.pipelines.analyze:analyze_run",
-    "tokenfield:theory_lens": "tokenfield.pipelines.theory:theory_lens",
 }
 
 
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_import_paths_still_work(old):
+def _resolve(spec: str):
     import importlib
 
-    def resolve(spec: str):
-        module, name = spec.split(":")
-        return getattr(importlib.import_module(module), name)
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
 
-    assert resolve(old) is resolve(MOVED[old])
+
+@pytest.mark.parametrize("old", sorted(GONE))
+def test_old_import_paths_are_gone_and_the_name_has_one_home(old):
+    with pytest.raises(AttributeError):
+        _resolve(old)
+    home = _resolve(GONE[old])
+    if callable(home):  # defined there, not re-exported
+        assert f"{home.__module__}:{home.__name__}" == GONE[old]
+
+
+@pytest.mark.parametrize("name", ["analyze_run", "theory_lens"])
+def test_the_facade_still_resolves_to_the_home(name):
+    import tokenfield
+
+    home = _resolve(f"tokenfield:{name}")
+    assert home.__module__.startswith("tokenfield.pipelines.")
+    assert home is getattr(tokenfield, name)

@@ -18,49 +18,6 @@ from tokenfield.cli._options import (
     overwrite_option,
     seed_option,
 )
-from tokenfield.errors import UserError
-
-# What steer / eval-steering write: --overwrite deletes these (and the command's own
-# figures, viz.steering.FIGURES) and nothing else; the marker file last.
-OUTPUTS = {
-    "steering.json": ("vector.safetensors", "control.safetensors", "steering.json"),
-    "eval.json": ("eval.json",),
-}
-
-
-def _prepare_out(out: Path, overwrite: bool, marker: str) -> Path:
-    """A fresh output directory, locked for this process (one writer); an existing
-    non-empty one only with --overwrite, and only if this command wrote it, and
-    then only this command's own files are deleted."""
-    from tokenfield._lock import LOCK_NAME, hold_for_command
-    from tokenfield.runs import check_writable_dir
-
-    check_writable_dir(out)
-    if out.exists() and (not out.is_dir()):
-        raise UserError(f"output path '{out}' is a file", "choose a directory for --out")
-    hold_for_command(out)
-    present = [p for p in out.iterdir() if p.name != LOCK_NAME]
-    if present:
-        if not overwrite:
-            raise UserError(
-                f"output directory '{out}' is not empty", "choose another --out or pass --overwrite"
-            )
-        if not (out / marker).exists():
-            raise UserError(
-                f"'{out}' was not written by this command; refusing to overwrite it",
-                "choose another --out",
-            )
-        from tokenfield.runs import figures_dir
-        from tokenfield.viz.steering import FIGURES
-
-        figures = figures_dir(out, create=False)  # a symlinked figures/: refused, untouched
-        command = "steer" if marker == "steering.json" else "eval-steering"
-        mine = [figures / f"{stem}.{fmt}" for stem in FIGURES[command] for fmt in ("png", "svg")]
-        files = [out / name for name in OUTPUTS[marker]]
-        for target in (*mine, *files):  # the marker last: a crash leaves it a run to redo
-            if target.is_symlink() or target.is_file():
-                target.unlink()
-    return out
 
 
 @app.command(
@@ -126,56 +83,16 @@ def steer_command(
     from rich.table import Table
 
     from tokenfield._progress import console as make_console
-    from tokenfield.models.load import ModelSpec
-    from tokenfield.pipelines.steer import closed_loop
-    from tokenfield.runs import open_run, write_json_atomic
-    from tokenfield.steering.vectors import SteeringVector, steering_vector
+    from tokenfield.pipelines.steer import steer_run
 
     run = one_run(run, run_option)
     alphas = numbers(alpha, "--alpha", ranges=False, example="0.5,1,2")
-    if positions not in ("last", "all"):
-        raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
-    ds = open_run(run).load()
-    if vector is not None:
-        steer_vec = SteeringVector.load(vector)
-        if steer_vec.layer != layer:
-            raise UserError(
-                f"the vector belongs to layer {steer_vec.layer}, not {layer}",
-                f"pass --layer {steer_vec.layer}",
-            )
-        if steer_vec.provenance.get("from") != source or steer_vec.provenance.get("to") != target:
-            raise UserError(
-                "the vector was made for other categories", "match --from/--to to the vector's"
-            )
-    else:
-        steer_vec = steering_vector(
-            ds, source=source, target=target, layer=layer, method=method, run=str(run)
-        )
-    spec = ModelSpec.from_run(ds, name=model)  # the run's model, dtype and weights
     console = make_console(stderr=True)  # progress; the table goes to stdout
-    with console.status("loading model"):
-        loaded = spec.load()
-    steer_vec.check_model(loaded)
-    from tokenfield.steering.generate import require_causal
-
-    require_causal(loaded)
-    frame = None
-    if (run / "projection.npz").is_file():
-        from tokenfield.analysis.projection import load_projection
-
-        frame = load_projection(run)
-    out = _prepare_out(out, overwrite, "steering.json")
-    result = closed_loop(loaded, ds, steer_vec, alphas, positions=positions, control_seed=control_seed,
-                         max_new_tokens=max_new_tokens, frame=frame, progress=True)  # fmt: skip
-    steer_vec.save(out / "vector.safetensors")
-    from tokenfield.steering.vectors import random_control
-
-    random_control(steer_vec, control_seed).save(out / "control.safetensors")
-    write_json_atomic(out / "steering.json", {"vector": steer_vec.provenance, **result})
-    from tokenfield.viz.steering import plot_steered_paths, save
-
-    (out / "figures").mkdir(exist_ok=True)
-    save(plot_steered_paths(result, times=_time_convention(run)), out / "figures" / "steered_paths")
+    result = steer_run(
+        run, source=source, target=target, layer=layer, out=out, alphas=alphas, method=method,
+        positions=positions, vector=vector, model=model, max_new_tokens=max_new_tokens,
+        control_seed=control_seed, overwrite=overwrite, progress=True,
+    )  # fmt: skip
     if as_json:
         echo_json({"rows": result["rows"], "out": str(out)})
         console.print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
@@ -293,66 +210,19 @@ def eval_steering_command(
     """
     from rich.console import Console
 
-    from tokenfield.models.load import ModelSpec
-    from tokenfield.runs import write_json_atomic
-    from tokenfield.steering.evaluate import evaluate_steering
+    from tokenfield.pipelines.steer_eval import SteeringEvaluation, evaluate_run
 
-    alpha_list = numbers(alphas, "--alphas", ranges=False, example="0.5,1,2")
-    layer_list = (
-        numbers(layers, "--layers", integer=True, ranges=False, example="8,15") if layers else None
-    )
-    template_list = [t.strip() for t in templates.split(",") if t.strip()]
-    from tokenfield.steering.problems import make_splits
-
-    # validates templates, sizes and the number of distinct forms before any loading
-    make_splits({"shot": shots, "fit": fit, "validation": validation, "test": n}, seed,
-                max_operand=max_operand, templates=template_list)  # fmt: skip
-    if positions not in ("last", "all"):
-        raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
-    for flag, value, least in (("--controls", controls, 1), ("--shuffles", shuffles, 1),
-                               ("--halves", halves, 1), ("--batch-size", batch_size, 1),
-                               ("--max-new-tokens", max_new_tokens, 1), ("--n", n, 1),
-                               ("--validation", validation, 1), ("--fit", fit, 2)):  # fmt: skip
-        if value < least:
-            raise UserError(f"{flag} must be at least {least}, got {value}", f"raise {flag}")
-    if dtype not in ("float32", "bfloat16"):
-        raise UserError(f"unknown --dtype '{dtype}'", "use float32 or bfloat16")
-    from tokenfield.steering.evaluate import distinct_splits
-
-    # every draw of a family is a different split: no more draws than splits
-    for flag, value, states in (("--shuffles", shuffles, 2 * fit), ("--halves", halves, fit)):
-        if value > distinct_splits(states):
-            raise UserError(
-                f"{flag} {value} asks for more distinct splits than --fit {fit} gives "
-                f"({distinct_splits(states)})",
-                f"lower {flag} or raise --fit",
-            )
-    spec = ModelSpec(model, dtype=dtype)
-    console = Console(stderr=True)
-    with console.status(f"loading {model}"):
-        loaded = spec.load()
-    from tokenfield.steering.generate import require_causal
-
-    require_causal(loaded)  # an encoder fails here, before --out is created
-    if layer_list:
-        from tokenfield.steering.vectors import check_layer
-
-        for layer in layer_list:
-            check_layer(layer, loaded.n_layers)
-    out = _prepare_out(out, overwrite, "eval.json")
-    result = evaluate_steering(
-        loaded, n=n, validation=validation, fit=fit, shots=shots, seed=seed,
-        max_operand=max_operand, templates=template_list, layers=layer_list, alphas=alpha_list,
+    evaluation = SteeringEvaluation(
+        model=model, n=n, validation=validation, fit=fit, shots=shots, seed=seed,
+        max_operand=max_operand, templates=[t.strip() for t in templates.split(",") if t.strip()],
+        layers=numbers(layers, "--layers", integer=True, ranges=False, example="8,15") if layers
+        else None,
+        alphas=numbers(alphas, "--alphas", ranges=False, example="0.5,1,2"),
         controls=controls, control_seed=control_seed, shuffle_seed=shuffle_seed,
-        shuffles=shuffles, halves=halves, halves_seed=halves_seed,
-        positions=positions, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=True,
+        shuffles=shuffles, halves=halves, halves_seed=halves_seed, positions=positions,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, dtype=dtype,
     )  # fmt: skip
-    write_json_atomic(out / "eval.json", result)
-    from tokenfield.viz.steering import plot_accuracy, plot_test_summary, save
-
-    (out / "figures").mkdir(exist_ok=True)
-    save(plot_accuracy(result), out / "figures" / "accuracy_vs_alpha")
-    save(plot_test_summary(result), out / "figures" / "test_summary")
+    result = evaluate_run(evaluation, out, overwrite=overwrite, progress=True)
     if as_json:
         echo_json(result)  # what eval.json holds
     else:
@@ -367,19 +237,6 @@ PROGRESS_NOTE = (
     "source prompts' mean lands on the target centroid, but each prompt keeps its own "
     "distance from that mean, so progress@layer stays below 1 (see docs/steering.md)."
 )
-
-
-def _time_convention(run: Path) -> str:
-    """The times the run's own figures use (its metrics.json; ``seed`` before
-    it is analysed, analyze's default)."""
-    import json
-
-    try:
-        options = json.loads((run / "metrics.json").read_text(encoding="utf-8")).get("options")
-        times = options.get("times", "seed") if isinstance(options, dict) else "seed"
-    except (OSError, ValueError, AttributeError):
-        return "seed"
-    return times if times in ("seed", "all") else "seed"
 
 
 def summary_text(result: dict) -> str:
