@@ -149,13 +149,7 @@ def acquire(directory: str | Path, *, what: str = "output directory") -> WriterL
     if directory.exists() and not directory.is_dir():
         raise UserError(f"output path '{shown}' is a file", "choose a directory for --out")
     created = not directory.exists()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"cannot create output directory '{shown}' ({exc.strerror})",
-            "choose another --out",
-        ) from None
+    _make_dir(directory, shown)
     path = directory / LOCK_NAME
     while True:
         _refuse_foreign(path, shown)
@@ -166,13 +160,7 @@ def acquire(directory: str | Path, *, what: str = "output directory") -> WriterL
         except FileNotFoundError:
             # A holder that had created the directory removed it on release
             # between our mkdir and this open: make it again and retry.
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise UserError(
-                    f"cannot create output directory '{shown}' ({exc.strerror})",
-                    "choose another --out",
-                ) from None
+            _make_dir(directory, shown)
             created = True
             continue
         except OSError as exc:
@@ -223,6 +211,16 @@ def writer_lock(directory: str | Path, *, what: str = "output directory") -> Ite
         yield lock
     finally:
         lock.release()
+
+
+def _make_dir(directory: Path, shown: str) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"cannot create output directory '{shown}' ({exc.strerror})",
+            "choose another --out",
+        ) from None
 
 
 def release_all() -> None:

@@ -10,7 +10,7 @@ then gives them all the width they need.
 from __future__ import annotations
 
 import contextvars
-from typing import Any
+from typing import Any, TypeVar
 
 #: Width of a console that is not a terminal: wide enough never to cut a table.
 PIPE_WIDTH = 1000
@@ -30,7 +30,26 @@ def console(*, stderr: bool = False) -> Any:
     return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
 
 
-class ProgressBar:
+_L = TypeVar("_L", bound="_Live")
+
+
+class _Live:
+    """A rich display drawn while the ``with`` block runs (none when disabled)."""
+
+    _progress: Any = None
+
+    def __enter__(self: _L) -> _L:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        if self._progress is not None:
+            self._progress.stop()
+        return False
+
+
+class ProgressBar(_Live):
     """A rich progress bar used as a context manager; a no-op when disabled.
 
     Example:
@@ -78,16 +97,6 @@ class ProgressBar:
         )
         self._task = self._progress.add_task(label, total=total, completed=completed)
 
-    def __enter__(self) -> ProgressBar:
-        if self._progress is not None:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> bool:
-        if self._progress is not None:
-            self._progress.stop()
-        return False
-
     def advance(self, n: float = 1) -> None:
         if self._progress is not None:
             self._progress.advance(self._task, n)
@@ -112,7 +121,7 @@ class ProgressBar:
         self._progress.update(self._task, **changes)
 
 
-class TaskLines:
+class TaskLines(_Live):
     """One progress line per named task (a suite's items), drawn on stderr.
 
     Each line shows a spinner while its task runs, then its result (e.g.
@@ -152,16 +161,6 @@ class TaskLines:
             name: self._progress.add_task(name, total=1, start=False, state="waiting")
             for name in names
         }
-
-    def __enter__(self) -> TaskLines:
-        if self._progress is not None:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> bool:
-        if self._progress is not None:
-            self._progress.stop()
-        return False
 
     def start(self, name: str) -> None:
         if self._progress is not None:

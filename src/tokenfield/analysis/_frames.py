@@ -19,6 +19,29 @@ def block_rows(n: int) -> int:
     return max(1, min(n, BLOCK_BYTES // (8 * max(1, n))))
 
 
+def trajectory_arrays(
+    states: Any, groups: Any = None
+) -> tuple[np.ndarray, Any, np.ndarray | None, np.ndarray | None]:
+    """``states`` as plain arrays: ``(x, groups, time, position)``.
+
+    ``states`` is an array ``(time, particle, feature)``, a DataArray with those
+    dims (any order) or a Dataset with ``states``. From a DataArray, ``groups``
+    defaults to its ``prompt_index``, and ``time`` and ``position`` are its
+    coordinates (``None`` when absent, and always for an array).
+    """
+    time = position = None
+    if isinstance(states, xr.Dataset):
+        states = states["states"]
+    if isinstance(states, xr.DataArray):
+        if groups is None and "prompt_index" in states.coords:
+            groups = states["prompt_index"].values
+        if "position" in states.coords:
+            position = states["position"].values
+        time = states["time"].values if "time" in states.coords else None
+        states = states.transpose("time", "particle", "feature").values
+    return np.asarray(states), groups, time, position
+
+
 def normalize_rows(x: np.ndarray) -> np.ndarray:
     """``x / |x|`` row-wise; zero rows stay zero (they have no direction), NaN stays NaN."""
     norms = np.linalg.norm(x, axis=-1, keepdims=True)

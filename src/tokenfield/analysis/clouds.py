@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import xarray as xr
 
+from tokenfield.analysis._frames import trajectory_arrays
 from tokenfield.analysis.clusters import DEFAULT_EPS, clusters
 from tokenfield.errors import UserError
 
@@ -119,15 +119,7 @@ def token_clouds(
             tokens rarely come within ``eps = 0.01`` of each other, so coarser
             thresholds say more about them).
     """
-    time = None
-    if isinstance(states, xr.Dataset):
-        states = states["states"]
-    if isinstance(states, xr.DataArray):
-        if groups is None and "prompt_index" in states.coords:
-            groups = states["prompt_index"].values
-        time = states["time"].values if "time" in states.coords else None
-        states = states.transpose("time", "particle", "feature").values
-    x = np.asarray(states)
+    x, groups, time, _position = trajectory_arrays(states, groups)
     if x.ndim != 3:
         raise UserError(f"states must be (time, particle, feature), got shape {x.shape}")
     time = np.arange(x.shape[0]) if time is None else np.asarray(time)

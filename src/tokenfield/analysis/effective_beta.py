@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import xarray as xr
 from scipy.optimize import minimize_scalar
 
+from tokenfield.analysis._frames import trajectory_arrays
 from tokenfield.errors import UserError
 
 __all__ = ["BetaFit", "EffectiveBeta", "attention_field", "effective_beta", "fit_beta"]
@@ -273,18 +273,8 @@ def effective_beta(
             attention, e.g. ``functools.partial(head_inputs, model)``);
             ``None``: Q = K = V = I.
     """
-    time = None
-    order = None
-    if isinstance(states, xr.Dataset):
-        states = states["states"]
-    if isinstance(states, xr.DataArray):
-        if groups is None and "prompt_index" in states.coords:
-            groups = states["prompt_index"].values
-        if "position" in states.coords:  # the causal mask follows token order
-            order = states["position"].values
-        time = states["time"].values if "time" in states.coords else None
-        states = states.transpose("time", "particle", "feature").values
-    x = np.asarray(states)
+    # the causal mask follows token order (``position``)
+    x, groups, time, order = trajectory_arrays(states, groups)
     if x.ndim != 3 or x.shape[0] < 2:
         raise UserError(f"need states (time >= 2, particle, feature), got shape {x.shape}")
     time = np.arange(x.shape[0]) if time is None else np.asarray(time)

@@ -7,8 +7,12 @@ The floor between the CLI and the pure layers (see ``docs/architecture.md``):
   (load the run's model, fit, simulate the matched ideal system, write HTML).
 - :mod:`~tokenfield.pipelines.flow`: ``tokenfield lens --flow`` (re-trace with the
   MLPs removed and with random attention; write ``flow.json``/``flow.html``).
-- :mod:`~tokenfield.pipelines.steer`: ``tokenfield steer``'s closed loop (trace
-  steered prompts and measure them in the run's frame).
+- :mod:`~tokenfield.pipelines.steer`: ``tokenfield steer`` (the closed loop: trace
+  steered prompts and measure them in the run's frame; write the vector and results).
+- :mod:`~tokenfield.pipelines.steer_eval`: ``tokenfield eval-steering``
+  (:class:`~tokenfield.pipelines.steer_eval.SteeringEvaluation`, ``eval.json``).
+- :mod:`~tokenfield.pipelines.simulate`: ``tokenfield simulate``
+  (:class:`~tokenfield.pipelines.simulate.SimulationRecipe` into a run).
 - :mod:`~tokenfield.pipelines.meanfield`: the mean-field commands' JSON and figures.
 - :mod:`~tokenfield.pipelines.conformance`: ``tokenfield conformance``.
 

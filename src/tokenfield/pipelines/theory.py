@@ -356,22 +356,21 @@ def theory_lens(
             raise UserError(f"baseline '{baseline}' is not a trace run")
         base = open_run(baseline).load()
     step = _stepper(progress, ds, base, simulate, model, baseline_model)
+
+    def fit(run_ds: xr.Dataset, own_model: Any, prefix: str, clouds_label: str) -> None:
+        """The clouds and the effective beta of one run (``prefix``: its keys)."""
+        step(clouds_label)
+        parts[f"{prefix}clouds"] = token_clouds(run_ds, eps=eps, more_eps=more_eps)
+        step(f"{prefix.replace('_', ' ')}effective beta")
+        parts[f"{prefix}beta"] = effective_beta(run_ds, causal=causal)
+        if own_model is not None:
+            step(f"{prefix.replace('_', ' ')}effective beta, own heads")
+            parts[f"{prefix}beta_heads"] = _heads_fit(run_ds, own_model, causal)
+
     if traced_all_positions(ds):
-        step("token clouds")
-        parts["clouds"] = token_clouds(ds, eps=eps, more_eps=more_eps)
-        step("effective beta")
-        parts["beta"] = effective_beta(ds, causal=causal)
-        if model is not None:
-            step("effective beta, own heads")
-            parts["beta_heads"] = _heads_fit(ds, model, causal)
+        fit(ds, model, "", "token clouds")
         if base is not None and traced_all_positions(base):
-            step("baseline clouds")
-            parts["baseline_clouds"] = token_clouds(base, eps=eps, more_eps=more_eps)
-            step("baseline effective beta")
-            parts["baseline_beta"] = effective_beta(base, causal=causal)
-            if baseline_model is not None:
-                step("baseline effective beta, own heads")
-                parts["baseline_beta_heads"] = _heads_fit(base, baseline_model, causal)
+            fit(base, baseline_model, "baseline_", "baseline clouds")
         if simulate:
             beta, dt, source = pick_simulation(parts["beta"])
             if sim_beta is not None or sim_dt is not None:

@@ -34,6 +34,15 @@ def figure_for(ax: Any, figsize: tuple[float, float]):
     return new_figure(figsize)
 
 
+def figure_for_axes(axes: Any, figsize: tuple[float, float], ncols: int = 1, nrows: int = 1):
+    """``(fig, axes)``: the given axes (a sequence, one per panel) and their figure,
+    or a new figure's ``nrows x ncols`` axes as a flat array."""
+    if axes is not None:
+        return axes[0].figure, axes
+    fig, axes = new_figure(figsize, ncols=ncols, nrows=nrows)
+    return fig, np.atleast_1d(axes).ravel()
+
+
 def category_colors(categories: Sequence[str]) -> dict[str, Any]:
     """One colour per category (tab10, then tab20), stable for a sorted set."""
     from matplotlib import colormaps

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from tokenfield.viz._common import figure_for, new_figure, particle_colors
+from tokenfield.viz._common import figure_for, figure_for_axes, new_figure, particle_colors
 
 SPEED_PANELS = {
     "relative_step": ("relative step  ||dh|| / ||h||", 1.0),
@@ -44,11 +44,7 @@ def plot_speed(
         axes: one axes per quantity (a new figure when None).
         quantities: which of the kinematic quantities to draw.
     """
-    if axes is None:
-        fig, axes = new_figure((4.8 * len(quantities), 3.8), ncols=len(quantities))
-        axes = np.atleast_1d(axes)
-    else:
-        fig = axes[0].figure
+    fig, axes = figure_for_axes(axes, (4.8 * len(quantities), 3.8), ncols=len(quantities))
     colours, legend = particle_colors(kin)
     categories = (
         np.array([str(c) for c in kin["category"].values]) if "category" in kin.coords else None
@@ -79,11 +75,7 @@ def plot_separation(
 ) -> Any:
     """Silhouette and between/within distance ratio against depth, each with the
     shuffled-label null band (its quantiles) and, if given, a baseline run's."""
-    if axes is None:
-        fig, axes = new_figure((10.0, 3.8), ncols=2)
-        axes = np.atleast_1d(axes)
-    else:
-        fig = axes[0].figure
+    fig, axes = figure_for_axes(axes, (10.0, 3.8), ncols=2)
     quantiles = sep.attrs.get("null_quantiles", [0.025, 0.975])
     band = f"shuffled-label null, {quantiles[0]:.1%}-{quantiles[1]:.1%}"
     for ax, score, title, ylabel in (

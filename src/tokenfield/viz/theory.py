@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenfield.viz._common import new_figure, save_figure
+from tokenfield.viz._common import figure_for_axes, new_figure, save_figure
 
 __all__ = [
     "CAPTIONS",
@@ -62,11 +62,7 @@ def plot_clouds(model: Any, baseline: Any = None, simulated: Any = None, axes: A
             (baseline and simulated may be ``None``).
         axes: four axes, or ``None`` for a new figure.
     """
-    if axes is None:
-        fig, axes = new_figure((11, 7), ncols=2, nrows=2)
-        axes = axes.ravel()
-    else:
-        fig = axes[0].figure
+    fig, axes = figure_for_axes(axes, (11, 7), ncols=2, nrows=2)
     panels = [
         ("mean_cos", "mean pairwise cosine"),
         ("cluster_count", "clusters"),
@@ -114,10 +110,7 @@ def plot_clouds(model: Any, baseline: Any = None, simulated: Any = None, axes: A
 
 def plot_attention(attention: Any, axes: Any = None) -> Any:
     """Heatmaps (layer x head) of sink mass, entropy and sink-free gap, and head means."""
-    if axes is None:
-        fig, axes = new_figure((14, 4), ncols=4)
-    else:
-        fig = axes[0].figure
+    fig, axes = figure_for_axes(axes, (14, 4), ncols=4)
     panels = [
         ("sink_mass", "sink mass", "magma"),
         ("entropy", "row entropy / max", "viridis"),
@@ -163,10 +156,7 @@ def plot_effective_beta(
 
     beta and the step are drawn only where the fit explains something (R^2 >= 0.01).
     """
-    if axes is None:
-        fig, axes = new_figure((13, 3.8), ncols=3)
-    else:
-        fig = axes[0].figure
+    fig, axes = figure_for_axes(axes, (13, 3.8), ncols=3)
     series = [
         ("model", model, "Q=K=V=I"),
         ("random weights", baseline, "Q=K=V=I"),
@@ -232,10 +222,7 @@ def plot_probes(probes: dict, baseline: dict | None = None, ax: Any = None) -> A
 
 def plot_logit_lens(lens: Any, axes: Any = None) -> Any:
     """Median rank of the final prediction and the fraction already on top, by layer."""
-    if axes is None:
-        fig, axes = new_figure((10, 3.8), ncols=2)
-    else:
-        fig = axes[0].figure
+    fig, axes = figure_for_axes(axes, (10, 3.8), ncols=2)
     for prompt in range(lens.ranks.shape[1]):
         axes[0].plot(lens.time, lens.ranks[:, prompt], color="grey", alpha=0.25, linewidth=0.7)
     axes[0].plot(lens.time, lens.median_rank, color="C0", linewidth=2, label="median")

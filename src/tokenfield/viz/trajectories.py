@@ -12,7 +12,13 @@ import xarray as xr
 
 from tokenfield._io import atomic_path
 from tokenfield.analysis.run_analysis import display_labels
-from tokenfield.viz._common import figure_for, finite_limits, new_figure, particle_colors
+from tokenfield.viz._common import (
+    figure_for,
+    figure_for_axes,
+    finite_limits,
+    new_figure,
+    particle_colors,
+)
 
 # beyond this many particles, end labels and per-particle legends are noise
 MAX_LABELLED = 40
@@ -104,11 +110,7 @@ def plot_pcs_vs_time(
     components: Sequence[int] = (1, 2),
 ) -> Any:
     """PC1 and PC2 (one panel each) against the time coordinate, per particle."""
-    if axes is None:
-        fig, axes = new_figure((6.0 * len(components), 4.0), ncols=len(components))
-        axes = np.atleast_1d(axes)
-    else:
-        fig = axes[0].figure
+    fig, axes = figure_for_axes(axes, (6.0 * len(components), 4.0), ncols=len(components))
     colours, legend = particle_colors(pcs)
     times = np.asarray(pcs["time"].values, dtype=np.float64)
     for ax, component in zip(axes, components, strict=False):
