@@ -23,6 +23,15 @@ from tokenfield.meanfield.stability import large_beta_formula
 from tokenfield.viz._common import FORMATS, figure_for, new_figure, save_figure
 
 
+def _label(ax: Any, xlabel: str, ylabel: str, title: str | None = None) -> None:
+    """The axes' labels, its small title and its legend, in this module's sizes."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+
+
 def plot_growth_rates(spectrum: Any, ax: Any = None, *, show_seed: bool = True):
     """``lambda_k`` against ``k`` (a :class:`~tokenfield.meanfield.StabilitySpectrum`),
     ``k_max`` marked; the seed's ``I_k / beta`` (rescaled to the same peak) for contrast."""
@@ -38,10 +47,12 @@ def plot_growth_rates(spectrum: Any, ax: Any = None, *, show_seed: bool = True):
         if np.isfinite(top) and top > 0:
             ax.plot(modes, seed / top * spectrum.top_rate, "x--", color="C3", ms=3, lw=0.8,
                     label="seed I_k(beta)/beta (scaled)")  # fmt: skip
-    ax.set_xlabel("mode k" if spectrum.dim == 2 else "harmonic degree l")
-    ax.set_ylabel(f"growth rate ({spectrum.time} time)")
-    ax.set_title(f"d = {spectrum.dim}, beta = {spectrum.beta:g}", fontsize=9)
-    ax.legend(fontsize=7)
+    _label(
+        ax,
+        "mode k" if spectrum.dim == 2 else "harmonic degree l",
+        f"growth rate ({spectrum.time} time)",
+        f"d = {spectrum.dim}, beta = {spectrum.beta:g}",
+    )
     return fig
 
 
@@ -57,10 +68,7 @@ def plot_k_max_curve(curve: Any, ax: Any = None):
         nu = curve.dim / 2 - 1
         ax.plot(fine, np.sqrt(2 * np.abs(fine) + nu * nu) - nu, color="C2", lw=1, ls="--",
                 label="sqrt(2 beta + nu^2) - nu, nu = d/2 - 1")  # fmt: skip
-    ax.set_xlabel("beta")
-    ax.set_ylabel("most unstable mode")
-    ax.set_title(f"d = {curve.dim}", fontsize=9)
-    ax.legend(fontsize=7)
+    _label(ax, "beta", "most unstable mode", f"d = {curve.dim}")
     return fig
 
 
@@ -84,9 +92,7 @@ def plot_cluster_prediction(rows: Sequence[dict[str, Any]], ax: Any = None):
     fine = np.geomspace(max(betas.min(), 1e-3), betas.max(), 200)
     ax.plot(fine, np.sqrt(2 * fine), color="0.5", lw=0.8, ls="--", label="sqrt(2 beta)")
     ax.set_xscale("log")
-    ax.set_xlabel("beta")
-    ax.set_ylabel("clusters")
-    ax.legend(fontsize=7)
+    _label(ax, "beta", "clusters")
     return fig
 
 
@@ -99,10 +105,7 @@ def plot_growth_fit(fit: Any, ax: Any = None):
             label=f"lambda_k^(n), n = {fit.n_particles}")  # fmt: skip
     ax.errorbar(fit.modes, fit.fitted, yerr=fit.fitted_spread, fmt="x", color="C3", ms=5,
                 label="fitted slope of log|rho_k|")  # fmt: skip
-    ax.set_xlabel("mode k")
-    ax.set_ylabel("growth rate")
-    ax.set_title(f"{fit.normalization}, beta = {fit.beta:g}", fontsize=9)
-    ax.legend(fontsize=7)
+    _label(ax, "mode k", "growth rate", f"{fit.normalization}, beta = {fit.beta:g}")
     return fig
 
 
@@ -118,18 +121,18 @@ def plot_pde_comparison(comparison: Any):
         bins = np.linspace(0, 2 * math.pi, 97)
         left.hist(comparison.particles[-1], bins=bins, density=True, histtype="step", color="C3",
                   label=f"particles, n = {comparison.ns[-1]}")  # fmt: skip
-    left.set_xlabel("theta")
-    left.set_ylabel("density")
-    left.legend(fontsize=7)
+    _label(left, "theta", "density")
     ns = comparison.ns.astype(float)
     for j, t in enumerate(comparison.times):
         right.loglog(ns, comparison.w1[:, j], "o-", ms=3, color=f"C{j}",
                      label=f"t = {t:g}: rate {comparison.rate[j]:.2f}")  # fmt: skip
         right.axhline(comparison.pde_error[j], color=f"C{j}", lw=0.6, ls=":")
-    right.set_xlabel("n particles")
-    right.set_ylabel("W1(particles, PDE)")
-    right.set_title(f"{comparison.config['sampling']} start; dotted: PDE M vs 2M", fontsize=9)
-    right.legend(fontsize=7)
+    _label(
+        right,
+        "n particles",
+        "W1(particles, PDE)",
+        f"{comparison.config['sampling']} start; dotted: PDE M vs 2M",
+    )
     return fig
 
 
@@ -170,9 +173,7 @@ def plot_metastability(result: Any, ax: Any = None):
         ax.semilogy(betas, anchor * np.exp(result.predicted_slope * (betas - betas[-1])),
                     color="0.5", ls="--", lw=1,
                     label=f"predicted slope {result.predicted_slope:.3f}")  # fmt: skip
-    ax.set_xlabel("beta")
-    ax.set_ylabel("first merge time")
-    ax.legend(fontsize=7)
+    _label(ax, "beta", "first merge time")
     return fig
 
 
