@@ -20,7 +20,25 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["atomic_path", "dumps", "to_jsonable", "umask", "write_atomic", "write_json_atomic"]
+from tokenfield.errors import UserError
+
+__all__ = [
+    "atomic_path",
+    "dumps",
+    "make_dirs",
+    "to_jsonable",
+    "umask",
+    "write_atomic",
+    "write_json_atomic",
+]
+
+
+def make_dirs(path: Path, what: str, fix: str) -> None:
+    """``mkdir -p path``; a failure is one line: ``cannot create {what} (reason); {fix}``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {what} ({exc.strerror})", fix) from None
 
 
 def umask() -> int:

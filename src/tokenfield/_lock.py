@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tokenfield._io import make_dirs
 from tokenfield.errors import UserError
 
 __all__ = ["LOCK_NAME", "WriterLock", "acquire", "release_all", "writer_lock"]
@@ -214,13 +215,7 @@ def writer_lock(directory: str | Path, *, what: str = "output directory") -> Ite
 
 
 def _make_dir(directory: Path, shown: str) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"cannot create output directory '{shown}' ({exc.strerror})",
-            "choose another --out",
-        ) from None
+    make_dirs(directory, f"output directory '{shown}'", "choose another --out")
 
 
 def release_all() -> None:

@@ -84,3 +84,16 @@ def test_to_jsonable_output_is_strict_json_and_keeps_finite_numbers(value):
     out = to_jsonable(value)
     text = json.dumps(out, allow_nan=False)  # raises on NaN/inf: there must be none left
     assert json.loads(text) == out
+
+
+def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path):
+    from tokenfield._lock import acquire
+    from tokenfield.errors import UserError
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError) as caught:
+        acquire(tmp_path / "file" / "sub")
+    assert str(caught.value) == (
+        f"cannot create output directory '{tmp_path / 'file' / 'sub'}' (Not a directory); "
+        "choose another --out."
+    )

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from tokenfield._io import make_dirs
 from tokenfield.errors import UserError
 
 __all__ = ["DEVICE_MAPS", "Placement", "input_device", "parse_max_memory"]
@@ -138,13 +139,7 @@ class Placement:
         folder = None
         if offload_folder is not None:
             path = Path(offload_folder).expanduser()
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise UserError(
-                    f"cannot create --offload-folder '{offload_folder}' ({exc.strerror})",
-                    "choose a writable directory",
-                ) from None
+            make_dirs(path, f"--offload-folder '{offload_folder}'", "choose a writable directory")
             if not os.access(path, os.W_OK | os.X_OK):
                 raise UserError(
                     f"--offload-folder '{offload_folder}' is not writable",
