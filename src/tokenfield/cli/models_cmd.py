@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
+from tokenfield.cli._app import app, command
 
 
-@app.command("models")
+@command(app, "models")
 def models_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:

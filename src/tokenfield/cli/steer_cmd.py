@@ -1,4 +1,6 @@
-"""``tokenfield steer`` and ``tokenfield eval-steering``."""
+"""``tokenfield steer vector`` and ``tokenfield steer eval`` (older spellings, still
+working: ``tokenfield steer RUN ...`` without a subcommand, and ``tokenfield
+eval-steering``)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ from typing import Annotated
 import typer
 
 from tokenfield._progress import plural
-from tokenfield.cli._app import app
+from tokenfield.cli._app import command, steer_app
 from tokenfield.cli._options import (
+    Device,
     Json,
     echo_json,
     numbers,
@@ -63,11 +66,13 @@ def _prepare_out(out: Path, overwrite: bool, marker: str) -> Path:
     return out
 
 
-@app.command(
-    "steer",
+@command(
+    steer_app,
+    "vector",
     epilog=(
-        "Example: tokenfield steer runs/demo/seed-spectrum --from 'Word Problems' "
-        "--to 'Pure Math' --layer 15 --alpha 0.5,1,2 --out runs/steer"
+        "Example: tokenfield steer vector runs/demo/seed-spectrum --from 'Word Problems' "
+        "--to 'Pure Math' --layer 15 --alphas 0.5,1,2 --out runs/steer\n\n"
+        "'tokenfield steer RUN ...' (no subcommand) is this command."
     ),
 )
 def steer_command(
@@ -90,7 +95,7 @@ def steer_command(
         Path | None, typer.Option("--run", hidden=True, help="The run (old spelling of RUN).")
     ] = None,
     alpha: Annotated[
-        str, typer.Option("--alpha", help="Comma-separated multiples of the vector.")
+        str, typer.Option("--alphas", "--alpha", help="Comma-separated multiples of the vector.")
     ] = "0.5,1,2",
     method: Annotated[
         str, typer.Option(help="'mean' (difference of means) or 'pca' (of differences).")
@@ -113,6 +118,7 @@ def steer_command(
     control_seed: Annotated[
         int, typer.Option("--control-seed", help="Seed of the random control direction.")
     ] = 0,
+    device: Device = "cpu",
     overwrite: Annotated[bool, overwrite_option(help="Replace an earlier steer output.")] = False,
     as_json: Json = False,
 ) -> None:
@@ -132,7 +138,7 @@ def steer_command(
     from tokenfield.steering.vectors import SteeringVector, steering_vector
 
     run = one_run(run, run_option)
-    alphas = numbers(alpha, "--alpha", ranges=False, example="0.5,1,2")
+    alphas = numbers(alpha, "--alphas", ranges=False, example="0.5,1,2")
     if positions not in ("last", "all"):
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
     ds = open_run(run).load()
@@ -151,7 +157,7 @@ def steer_command(
         steer_vec = steering_vector(
             ds, source=source, target=target, layer=layer, method=method, run=str(run)
         )
-    spec = ModelSpec.from_run(ds, name=model)  # the run's model, dtype and weights
+    spec = ModelSpec.from_run(ds, name=model, device=device)  # the run's model, dtype, weights
     console = make_console(stderr=True)  # progress; the table goes to stdout
     with console.status("loading model"):
         loaded = spec.load()
@@ -198,10 +204,12 @@ def steer_command(
     make_console().print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
 
 
-@app.command(
-    "eval-steering",
+@command(
+    steer_app,
+    "eval",
+    old=("eval-steering",),
     epilog=(
-        "Example: tokenfield eval-steering --model smollm2 --out runs/eval-smollm2  "
+        "Example: tokenfield steer eval --model smollm2 --out runs/eval-smollm2  "
         "(defaults: 300 test, 100 validation, 64 fit problems, 3 layers x 3 alphas, "
         "32 random directions, 32 label shuffles, 32 centroid halves)"
     ),
@@ -209,7 +217,9 @@ def steer_command(
 def eval_steering_command(
     out: Annotated[Path, out_option(help="Directory for eval.json and figures.")],
     model: Annotated[str, typer.Option("--model", "-m", help="A causal model.")] = "smollm2",
-    n: Annotated[int, typer.Option("--n", help="Test problems (the only ones reported).")] = 300,
+    n: Annotated[
+        int, typer.Option("--test", "--n", help="Test problems (the only ones reported).")
+    ] = 300,
     validation: Annotated[
         int, typer.Option("--validation", help="Problems that select the layer and alpha.")
     ] = 100,
@@ -277,6 +287,7 @@ def eval_steering_command(
             "differ slightly; its speed has not been measured, see docs/steering.md).",
         ),
     ] = "float32",
+    device: Device = "cpu",
     overwrite: Annotated[bool, overwrite_option()] = False,
     as_json: Json = False,
 ) -> None:
@@ -311,7 +322,7 @@ def eval_steering_command(
         raise UserError(f"unknown --positions '{positions}'", "use 'last' or 'all'")
     for flag, value, least in (("--controls", controls, 1), ("--shuffles", shuffles, 1),
                                ("--halves", halves, 1), ("--batch-size", batch_size, 1),
-                               ("--max-new-tokens", max_new_tokens, 1), ("--n", n, 1),
+                               ("--max-new-tokens", max_new_tokens, 1), ("--test", n, 1),
                                ("--validation", validation, 1), ("--fit", fit, 2)):  # fmt: skip
         if value < least:
             raise UserError(f"{flag} must be at least {least}, got {value}", f"raise {flag}")
@@ -327,7 +338,7 @@ def eval_steering_command(
                 f"({_n_splits(states)})",
                 f"lower {flag} or raise --fit",
             )
-    spec = ModelSpec(model, dtype=dtype)
+    spec = ModelSpec(model, dtype=dtype, device=device)
     console = Console(stderr=True)
     with console.status(f"loading {model}"):
         loaded = spec.load()

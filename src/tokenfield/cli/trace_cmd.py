@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
+from tokenfield.cli._app import app, command
 from tokenfield.cli._options import Device, out_option, overwrite_option, seed_option
 
 
-@app.command(
+@command(
+    app,
     "trace",
     epilog=(
         "Example: tokenfield trace --model smollm2 --prompts seed-spectrum --out runs/spectrum\n\n"
