@@ -1,4 +1,4 @@
-"""``tokenfield conformance``: published results as a test suite with a verdict each.
+"""``tokenfield theory conformance``: published results as a test suite with a verdict each.
 
 Writes ``OUT/conformance.json`` (``items``: ``name``, ``reference``, ``measured``,
 ``tolerance``, ``status`` PASS/FAIL, ``seconds``, and ``details``), one PNG per item

@@ -272,5 +272,5 @@ def _warn_large_step(console, model, x0, dt: float) -> None:
         console.print(
             f"[yellow]warning:[/yellow] at t = 0 the fastest particle moves {angle:.2g} rad per "
             f"step; the fixed-step integration is likely inaccurate or unstable. Use --dt "
-            f"{suggestion:.2g} or smaller, --integrator adaptive, or --time rescaled."
+            f"{suggestion:.2g} or smaller, --solver adaptive, or --time rescaled."
         )

@@ -141,7 +141,7 @@ def trace_command(
         typer.Option(
             "--steer",
             help="Trace (and generate) with this steering vector (vector.safetensors of "
-            "'tokenfield steer') added at its layer; overlay the run on the unsteered one "
+            "'tokenfield steer vector') added at its layer; overlay the run on the unsteered one "
             "with 'tokenfield report RUN --overlay STEERED'.",
         ),
     ] = None,
