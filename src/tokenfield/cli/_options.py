@@ -24,10 +24,12 @@ from tokenfield.errors import ParameterError, UserError
 
 __all__ = [
     "Device",
+    "Figures",
     "Json",
     "echo_json",
     "flag_for",
     "limit_threads",
+    "model_option",
     "numbers",
     "one_run",
     "refuse_existing",
@@ -73,6 +75,14 @@ def seed_option(help: str = "Random seed.") -> Any:
 
 Device = Annotated[str, typer.Option("--device", help=f"{DEVICES_HELP}.")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Figures = Annotated[bool, typer.Option("--figures/--no-figures", help="Draw the figures.")]
+
+
+def model_option(
+    help: str = "Model: a bundled name, a local directory, a .gguf file or a hub id.",
+) -> Any:
+    """``--model/-m``: the model a command loads."""
+    return typer.Option("--model", "-m", help=help)
 
 
 def flag_for(param: str) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app, command
-from tokenfield.cli._options import Json, echo_json, overwrite_option, seed_option
+from tokenfield.cli._options import Figures, Json, echo_json, overwrite_option, seed_option
 
 # The flag of each analysis option that metrics.json records.
 OPTION_FLAGS = {"times": "--times", "sphere": "--sphere", "per_layer": "--per-layer",
@@ -50,9 +50,7 @@ def analyze_command(
         str,
         typer.Option(help="'last': each prompt's last token (as the seed); 'all': every token."),
     ] = "last",
-    figures: Annotated[
-        bool, typer.Option("--figures/--no-figures", help="Draw the figures.")
-    ] = True,
+    figures: Figures = True,
     times: Annotated[
         str,
         typer.Option(

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app, command
-from tokenfield.cli._options import Device, out_option, overwrite_option
+from tokenfield.cli._options import Device, model_option, out_option, overwrite_option
 
 SEED_SETS = ("seed-categories", "seed-spectrum")
 
@@ -16,7 +16,7 @@ SEED_SETS = ("seed-categories", "seed-spectrum")
 @command(app, "demo")
 def demo_command(
     out: Annotated[Path, out_option(help="Where the demo runs go.")] = Path("runs/demo"),
-    model: Annotated[str, typer.Option("--model", "-m", help="Model to trace.")] = "smollm2",
+    model: Annotated[str, model_option(help="Model to trace.")] = "smollm2",
     baseline: Annotated[
         bool,
         typer.Option(

@@ -10,6 +10,7 @@ import typer
 from tokenfield.cli._app import app, command
 from tokenfield.cli._options import (
     Device,
+    Figures,
     Json,
     echo_json,
     numbers,
@@ -99,7 +100,7 @@ def lens_command(
         int | None,
         seed_option(help="Seed of the probes' folds and shuffles [default: 0, or theory.json's]."),
     ] = None,
-    figures: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
+    figures: Figures = True,
     overwrite: Annotated[
         bool,
         overwrite_option(

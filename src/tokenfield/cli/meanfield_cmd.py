@@ -18,6 +18,7 @@ import typer
 
 from tokenfield.cli._app import command, theory_app
 from tokenfield.cli._options import (
+    Json,
     echo_json,
     limit_threads,
     out_option,
@@ -137,7 +138,7 @@ def stability_command(
     overwrite: Annotated[
         bool, overwrite_option(help="Replace an earlier figure or stability.json at --out.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: Json = False,
 ) -> None:
     """Growth rates of the modes of the uniform measure and k_max(beta).
 
@@ -256,7 +257,7 @@ def predict_clusters_command(
     ] = False,
     out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
     overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Json = False,
 ) -> None:
     """Simulate near-equispaced starts on the circle and set the first plateau of the
     cluster count beside k_max(beta) (USA in rescaled time)."""
@@ -334,7 +335,7 @@ def pde_command(
     dt: Annotated[float, typer.Option(help="Particle RK4 step.")] = 0.01,
     out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
     overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Json = False,
 ) -> None:
     """Solve the mean-field PDE on the circle and compare it with n-particle runs (W1)."""
     from rich.table import Table
@@ -444,7 +445,7 @@ def phase_diagram_command(
         ),
     ] = None,
     overwrite: Annotated[bool, overwrite_option(help="Replace another sweep.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Json = False,
 ) -> None:
     """P(two tokens merged) over time, beta and d, with the equiangular ODE curve."""
     from tokenfield._progress import ProgressBar
@@ -544,7 +545,7 @@ def metastability_command(
     eps: Annotated[float, typer.Option(help="Cluster threshold.")] = 1e-2,
     out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
     overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Json = False,
 ) -> None:
     """First-merge times of k separated clusters against beta, and the slope of log T."""
     from rich.table import Table

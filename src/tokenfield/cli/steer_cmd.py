@@ -15,6 +15,7 @@ from tokenfield.cli._options import (
     Device,
     Json,
     echo_json,
+    model_option,
     numbers,
     one_run,
     out_option,
@@ -109,9 +110,7 @@ def steer_command(
             "--vector", help="Use a saved vector (.safetensors) instead of computing one."
         ),
     ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="Model (default: the run's).")
-    ] = None,
+    model: Annotated[str | None, model_option(help="Model (default: the run's).")] = None,
     max_new_tokens: Annotated[
         int, typer.Option("--max-new-tokens", help="Length of the continuation.")
     ] = 12,
@@ -216,7 +215,7 @@ def steer_command(
 )
 def eval_steering_command(
     out: Annotated[Path, out_option(help="Directory for eval.json and figures.")],
-    model: Annotated[str, typer.Option("--model", "-m", help="A causal model.")] = "smollm2",
+    model: Annotated[str, model_option(help="A causal model.")] = "smollm2",
     n: Annotated[
         int, typer.Option("--test", "--n", help="Test problems (the only ones reported).")
     ] = 300,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app, command
-from tokenfield.cli._options import Device, out_option, overwrite_option, seed_option
+from tokenfield.cli._options import Device, model_option, out_option, overwrite_option, seed_option
 
 
 @command(
@@ -24,10 +24,8 @@ def trace_command(
     out: Annotated[Path, out_option(help="Run directory to write.")],
     model: Annotated[
         str,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Bundled name (smollm2, gemma3-270m, minilm), local model dir, .gguf file, or hub id.",
+        model_option(
+            help="Bundled name (smollm2, gemma3-270m, minilm), local model dir, .gguf file, or hub id."
         ),
     ] = "smollm2",
     prompts: Annotated[
