@@ -213,7 +213,11 @@ def test_an_old_spelling_parses_to_the_new_one(old, new):
 
 
 def _resolved(params: dict) -> dict:
-    """The old --dask of phase-diagram is a local cluster of 2 workers: --workers 2."""
+    """What the command does with its parameters where an old spelling is a separate
+    hidden option: steer's --run RUN is its RUN, phase-diagram's --dask a local
+    cluster of 2 workers (--workers 2)."""
+    if "run_option" in params:
+        params = {**params, "run": params["run"] or params["run_option"], "run_option": None}
     if "dask" not in params:
         return params
     from tokenfield.cli.meanfield_cmd import dask_workers
@@ -238,7 +242,8 @@ def test_every_hidden_name_has_a_row_in_the_table():
     for path, command in _commands(_root()):
         if command.hidden and f"`tokenfield {' '.join(path)} " not in text:
             missing.append(" ".join(path))
-        for old in aliases(command.params):
+        hidden = [p.opts[0] for p in command.params if getattr(p, "hidden", False)]
+        for old in [*aliases(command.params), *hidden]:
             if not any(token == old or token == "--no-" + old[2:] for _c, token in spelled):
                 missing.append(f"{' '.join(path)} {old}")
     assert not missing, f"not in docs/cli-renames.md: {missing}"
