@@ -63,7 +63,7 @@ slow: $(STAMP)
 # Published results as a test suite: OUT/conformance.json and .html (QUICK=1: CI sizes).
 CONFORMANCE_OUT ?= runs/conformance
 conformance: $(STAMP)
-	$(VENV)/bin/tokenfield conformance --out $(CONFORMANCE_OUT) $(if $(QUICK),--quick,)
+	$(VENV)/bin/tokenfield theory conformance --overwrite --out $(CONFORMANCE_OUT) $(if $(QUICK),--quick,)
 
 bench: $(STAMP)
 	$(PY) benchmarks/trace_overhead.py

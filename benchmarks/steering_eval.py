@@ -1,4 +1,4 @@
-"""Wall time of ``tokenfield eval-steering`` and of its decoder against the old protocol.
+"""Wall time of ``tokenfield steer eval`` and of its decoder against the old protocol.
 
 Two measurements, in one process so a busy machine affects both alike:
 

@@ -1,7 +1,7 @@
 """One writer per output directory: an exclusive lock file held with ``flock``.
 
 Every command that writes into an ``--out`` directory (``trace``, ``simulate``,
-the mean-field sweeps, ``steer``, ``eval-steering``) and the library's
+the ``theory`` commands, ``steer vector``, ``steer eval``) and the library's
 :class:`tokenfield.runs.RunWriter` take the lock before touching anything in
 the directory. The lock is the file ``OUT/.tokenfield.lock`` held with
 ``fcntl.flock(LOCK_EX | LOCK_NB)``; the operating system releases it when the

@@ -13,20 +13,32 @@ EMOJI = re.compile("[\U0001f000-\U0001faff\u2600-\u27bf\u2b00-\u2bff\ufe0f]")
 
 
 def _commands() -> dict:
-    return typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    """Every command by its path ("trace", "theory pde", ...), the hidden old names too."""
+    found = {}
+
+    def walk(group, path):
+        for name, command in group.commands.items():
+            found[" ".join((*path, name))] = command
+            if hasattr(command, "commands"):
+                walk(command, (*path, name))
+
+    walk(typer.main.get_command(app), ())
+    return found
 
 
 @pytest.mark.parametrize("name", sorted(_commands()))
 def test_help_has_no_emoji_and_shows_flags_as_flags(name, capsys, cli):
-    status, out, err = cli([name, "--help"])
+    status, out, err = cli([*name.split(), "--help"])
     assert status == 0, err
     assert not EMOJI.search(out), EMOJI.findall(out)
     assert "<bool>" not in out  # a boolean flag takes no value
     command = _commands()[name]
-    for param in command.params:
-        if getattr(param, "is_flag", False) and param.opts[0] != "--help":
+    for param in getattr(command, "params", []):
+        if getattr(param, "is_flag", False) and param.opts[0] != "--help" and not param.hidden:
             # shown as a flag: '--json' or '--figures / --no-figures', never with a type
-            spelled = " / ".join([param.opts[0], *param.secondary_opts])
+            # (and by its first long name only: the others are hidden old spellings)
+            longs = [n for n in param.opts if n.startswith("--")][:1]
+            spelled = " / ".join([*longs, *param.secondary_opts[:1]])
             line = next(line for line in out.splitlines() if spelled in line)
             assert "<" not in line.split(spelled, 1)[1].split("  ")[0], line
 
@@ -76,12 +88,12 @@ def test_json_output_stays_parseable_with_a_progress_bar(capsys, cli):
     assert "1/1 experiments" in err
 
 
-def test_metastability_hints_at_t_cap_when_a_time_is_inf(capsys, cli):
-    args = ["metastability", "--betas", "2,9", "--seeds", "1", "--t-cap", "50"]
+def test_metastability_hints_at_t_max_when_a_time_is_inf(capsys, cli):
+    args = ["metastability", "--betas", "2,9", "--seeds", "1", "--t-cap", "50"]  # old spelling
     status, out, err = cli(args)
     assert status == 0, err
     assert "inf" in out
-    assert "raise --t-cap" in err and "beta = 9" in err and "hint" not in out
+    assert "raise --t-max" in err and "beta = 9" in err and "hint" not in out
     status, out, err = cli(["metastability", "--betas", "2,3", "--seeds", "1"])
     assert status == 0 and "hint" not in err  # every seed merged: no hint
 
@@ -126,7 +138,7 @@ def test_a_long_hint_is_one_line(cli):
     status, _, err = cli(["metastability", "--betas", "9", "--seeds", "1", "--t-cap", "5"])
     assert status == 0
     hint = [line for line in err.splitlines() if "hint" in line]
-    assert len(hint) == 1 and hint[0].rstrip().endswith("--t-cap 200"), err
+    assert len(hint) == 1 and hint[0].rstrip().endswith("--t-max 200"), err
 
 
 # --- fitted betas only where the fit explains something (R^2 >= 0.01) ----------------

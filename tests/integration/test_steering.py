@@ -178,7 +178,7 @@ def test_steer_cli_end_to_end(tiny_run, tmp_path, capsys):
     [
         (["--from", "Z", "--to", "B", "--layer", "1"], "unknown category 'Z'"),
         (["--from", "A", "--to", "B", "--layer", "7"], "layer 7 is out of range"),
-        (["--from", "A", "--to", "B", "--layer", "1", "--alpha", "x"], "--alpha must be numbers"),
+        (["--from", "A", "--to", "B", "--layer", "1", "--alpha", "x"], "--alphas must be numbers"),
     ],
 )
 def test_steer_cli_bad_input(tiny_run, tmp_path, capsys, args, message):

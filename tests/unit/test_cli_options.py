@@ -70,8 +70,10 @@ def test_library_errors_name_the_parameter():
         stability_spectrum(float("inf"), dim=2)
     error = ParameterError("n_particles", "{name} must be >= 1, not 0", "pass {name} 1")
     assert str(error) == "n_particles must be >= 1, not 0; pass n_particles 1."
-    assert user_error(error).one_line() == "--n must be >= 1, not 0; pass --n 1."
-    assert flag_for("t_max") == "--t-max" and flag_for("normalization") == "--dynamics"
+    assert (
+        user_error(error).one_line() == "--n-particles must be >= 1, not 0; pass --n-particles 1."
+    )
+    assert flag_for("t_max") == "--t-max" and flag_for("normalization") == "--normalization"
 
 
 # --- --json on commands that print a table ---------------------------------------

@@ -1,5 +1,5 @@
 """What the commands share, written once: the common options, the number-list
-parser, the thread limiter, JSON output and the library-parameter -> flag map.
+parser, the thread limiter, JSON output and the library-parameter -> flag rule.
 
 Options: :func:`out_option` (``--out/-o``), :func:`overwrite_option`,
 :func:`seed_option` (each with the command's own help text), :data:`Device` and
@@ -24,12 +24,15 @@ from tokenfield.errors import ParameterError, UserError
 
 __all__ = [
     "Device",
+    "Figures",
     "Json",
     "echo_json",
     "flag_for",
     "limit_threads",
+    "model_option",
     "numbers",
     "one_run",
+    "refuse_existing",
     "out_option",
     "overwrite_option",
     "seed_option",
@@ -47,6 +50,24 @@ def overwrite_option(help: str = "Replace an earlier output of this command.") -
     return typer.Option("--overwrite", help=help)
 
 
+def refuse_existing(paths: list[Path], overwrite: bool) -> None:
+    """``--overwrite`` for commands that write named files into ``--out``: an
+    earlier output there is refused (nothing is computed or written) unless
+    ``overwrite``; with it, the files are replaced (each written atomically).
+
+    Raises:
+        UserError: naming the first file found and the two ways out.
+    """
+    if overwrite:
+        return
+    for path in paths:
+        if path.exists():
+            raise UserError(
+                f"'{path}' holds an earlier result",
+                "pass --overwrite to replace it, or choose another --out",
+            )
+
+
 def seed_option(help: str = "Random seed.") -> Any:
     """``--seed``."""
     return typer.Option("--seed", help=help)
@@ -54,23 +75,21 @@ def seed_option(help: str = "Random seed.") -> Any:
 
 Device = Annotated[str, typer.Option("--device", help=f"{DEVICES_HELP}.")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Figures = Annotated[bool, typer.Option("--figures/--no-figures", help="Draw the figures.")]
 
 
-# Library parameters whose flag is not "--" + the name with dashes.
-PARAM_FLAGS = {
-    "normalization": "--dynamics",
-    "n_particles": "--n",
-    "solver": "--integrator",
-    "k": "--caps",
-    "cells": "--cells",
-    "n_systems": "--systems",
-    "every": "--save-every",
-}
+def model_option(
+    help: str = "Model: a bundled name, a local directory, a .gguf file or a hub id.",
+) -> Any:
+    """``--model/-m``: the model a command loads."""
+    return typer.Option("--model", "-m", help=help)
 
 
 def flag_for(param: str) -> str:
-    """The command-line flag that sets the library parameter ``param``."""
-    return PARAM_FLAGS.get(param, "--" + param.replace("_", "-"))
+    """The command-line flag that sets the library parameter ``param``: the same
+    name with dashes (``n_particles`` -> ``--n-particles``), as every flag is named
+    after the library parameter it sets."""
+    return "--" + param.replace("_", "-")
 
 
 def user_error(exc: UserError) -> UserError:

@@ -7,16 +7,23 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json, seed_option
+from tokenfield.cli._app import app, command
+from tokenfield.cli._options import Figures, Json, echo_json, overwrite_option, seed_option
+
+# The flag of each analysis option that metrics.json records.
+OPTION_FLAGS = {"times": "--times", "sphere": "--sphere", "per_layer": "--per-layer",
+                "seed": "--seed", "n_permutations": "--permutations",
+                "particles": "--particles"}  # fmt: skip
 
 
-@app.command(
+@command(
+    app,
     "analyze",
     epilog=(
         "Example: tokenfield analyze runs/spectrum --baseline runs/spectrum-random\n\n"
         "Writes RUN/metrics.json, RUN/projection.npz (the PCA frame, reusable for "
-        "later runs) and RUN/figures/."
+        "later runs) and RUN/figures/. Analysing again with the same options replaces "
+        "them; with other options (or another --baseline) it needs --overwrite."
     ),
 )
 def analyze_command(
@@ -43,9 +50,7 @@ def analyze_command(
         str,
         typer.Option(help="'last': each prompt's last token (as the seed); 'all': every token."),
     ] = "last",
-    figures: Annotated[
-        bool, typer.Option("--figures/--no-figures", help="Draw the figures.")
-    ] = True,
+    figures: Figures = True,
     times: Annotated[
         str,
         typer.Option(
@@ -58,6 +63,13 @@ def analyze_command(
             ),
         ),
     ] = "seed",
+    overwrite: Annotated[
+        bool,
+        overwrite_option(
+            help="Replace an analysis made with other options: metrics.json, projection.npz "
+            "and analyze's figures are deleted first (lens's theory.json and figures stay)."
+        ),
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Measure a run: PCA paths, depth ordering, speed, separation, bifurcations.
@@ -86,6 +98,9 @@ def analyze_command(
         from tokenfield.runs import check_baseline
 
         check_baseline(run, baseline)  # same kind, dimension and prompts, or one line
+    asked = {"times": times, "sphere": sphere, "per_layer": per_layer, "seed": seed,
+             "n_permutations": permutations, "particles": particles}  # fmt: skip
+    _earlier_analysis(run, asked, baseline, overwrite)
     console = make_console()  # the table and "wrote": the spinner is on stderr
     started = time.perf_counter()
     with Stages(f"analysing {run}"):
@@ -121,3 +136,46 @@ def analyze_command(
         table.add_row(name, value, *([base or ""] if has_baseline else []))
     console.print(table)
     console.print(wrote)
+
+
+def _earlier_analysis(run: Path, asked: dict, baseline: Path | None, overwrite: bool) -> None:
+    """Refuse to replace an analysis made with other options unless ``overwrite``;
+    with it, delete analyze's own outputs first (so no figure of the earlier
+    options is left behind). The same options: the analysis is simply redone."""
+    import json
+
+    from tokenfield.errors import UserError
+    from tokenfield.runs import (
+        LENS_FIGURE_PREFIX,
+        METRICS_JSON,
+        PROJECTION_NPZ,
+        figures_dir,
+        is_figure,
+    )
+
+    path = run / METRICS_JSON
+    if not path.is_file():
+        return
+    if overwrite:
+        figures = figures_dir(run, create=False)
+        mine = [f for f in sorted(figures.iterdir()) if is_figure(f.name)
+                and not f.name.startswith(LENS_FIGURE_PREFIX)] if figures.is_dir() else []  # fmt: skip
+        for target in (*mine, run / PROJECTION_NPZ, path):  # metrics.json last
+            if target.is_file() and not target.is_symlink():
+                target.unlink()
+        return
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # a damaged metrics.json is simply replaced
+    options = earlier.get("options") or {}
+    if (earlier.get("info") or {}).get("kind") != "trace":
+        asked = {k: v for k, v in asked.items() if k != "times"}  # recorded as "all"
+    differ = [OPTION_FLAGS[k] for k, v in asked.items() if k in options and options[k] != v]
+    if earlier.get("baseline_run", None) != (None if baseline is None else str(baseline)):
+        differ.append("--baseline")
+    if differ:
+        raise UserError(
+            f"'{path}' holds an analysis made with another {', '.join(differ)}",
+            "pass --overwrite to replace it, or analyse a copy of the run",
+        )

@@ -1,4 +1,4 @@
-"""``tokenfield conformance``: published results as a test suite with a verdict each.
+"""``tokenfield theory conformance``: published results as a test suite with a verdict each.
 
 Writes ``OUT/conformance.json`` (``items``: ``name``, ``reference``, ``measured``,
 ``tolerance``, ``status`` PASS/FAIL, ``seconds``, and ``details``), one PNG per item
@@ -16,16 +16,24 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json, out_option
+from tokenfield.cli._app import command, theory_app
+from tokenfield.cli._options import (
+    Json,
+    echo_json,
+    out_option,
+    overwrite_option,
+    refuse_existing,
+)
 from tokenfield.errors import UserError
 
 
-@app.command(
+@command(
+    theory_app,
     "conformance",
+    old=("conformance",),
     epilog=(
-        "Examples: tokenfield conformance --quick --out conf/;  "
-        "tokenfield conformance --only circle-synchronisation --out conf/\n\n"
+        "Examples: tokenfield theory conformance --quick --out conf/;  "
+        "tokenfield theory conformance --only circle-synchronisation --out conf/\n\n"
         "Items, in order: equiangular, phase-diagram, circle-synchronisation, "
         "linear-stability, metastable-staircase, mean-field-pde. See docs/conformance.md."
     ),
@@ -49,6 +57,10 @@ def conformance_command(
             "numbers equal a sequential run's).",
         ),
     ] = 1,
+    overwrite: Annotated[
+        bool,
+        overwrite_option(help="Replace an earlier conformance.json, .html and figures in --out."),
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Check the simulator and the theory against published results.
@@ -70,6 +82,7 @@ def conformance_command(
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     check_writable_dir(out)
+    refuse_existing([out / "conformance.json", out / "conformance.html"], overwrite)
     console = Console(stderr=True)
     started = time.perf_counter()
     names = list(ITEMS) if only is None else [only]

@@ -7,19 +7,20 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
-from tokenfield.cli._options import out_option
+from tokenfield.cli._app import app, command
+from tokenfield.cli._options import Device, model_option, out_option, overwrite_option
 
 SEED_SETS = ("seed-categories", "seed-spectrum")
 
 
-@app.command("demo")
+@command(app, "demo")
 def demo_command(
     out: Annotated[Path, out_option(help="Where the demo runs go.")] = Path("runs/demo"),
-    model: Annotated[str, typer.Option("--model", "-m", help="Model to trace.")] = "smollm2",
+    model: Annotated[str, model_option(help="Model to trace.")] = "smollm2",
     baseline: Annotated[
         bool,
         typer.Option(
+            "--random-baseline/--no-random-baseline",
             "--baseline/--no-baseline",
             help="Also trace a random-weight copy and analyse it side by side.",
         ),
@@ -32,6 +33,14 @@ def demo_command(
             "the top-5 tokens at each layer); adds about 2 s per prompt set on one CPU core.",
         ),
     ] = True,
+    device: Device = "cpu",
+    overwrite: Annotated[
+        bool,
+        overwrite_option(
+            help="Trace every run again (replacing the runs in --out) instead of reusing "
+            "the complete ones."
+        ),
+    ] = False,
 ) -> None:
     """The seed experiment: trace both seed prompt sets, analyse them, write the report.
 
@@ -53,8 +62,12 @@ def demo_command(
     console = make_console(stderr=True)  # progress; the report's path goes to stdout
     started = time.perf_counter()
     with console.status(f"loading {model}"):
-        loaded = ModelSpec(model).load()
-        random_copy = ModelSpec(model, random_weights=True, seed=0).load() if baseline else None
+        loaded = ModelSpec(model, device=device).load()
+        random_copy = (
+            ModelSpec(model, random_weights=True, seed=0, device=device).load()
+            if baseline
+            else None
+        )
     runs = []
     for name in SEED_SETS:
         run = out / name
@@ -64,11 +77,11 @@ def demo_command(
             console.print(
                 f"note: {run} was traced without the logit lens: tracing it again with it"
             )
-        trace(loaded, name, out=run, progress=True, logit_lens=lens, overwrite=retrace)
+        trace(loaded, name, out=run, progress=True, logit_lens=lens, overwrite=retrace or overwrite)
         base_run = None
         if random_copy is not None:
             base_run = out / f"{name}-random"
-            trace(random_copy, name, out=base_run, progress=True)
+            trace(random_copy, name, out=base_run, progress=True, overwrite=overwrite)
         with console.status(f"analysing {name}"):
             analyze_run(run, baseline=base_run)
         console.print(f"[green]analysed[/green] {name}: {run}/metrics.json, {run}/figures/")

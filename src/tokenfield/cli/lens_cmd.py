@@ -7,11 +7,20 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json, numbers, overwrite_option, seed_option
+from tokenfield.cli._app import app, command
+from tokenfield.cli._options import (
+    Device,
+    Figures,
+    Json,
+    echo_json,
+    numbers,
+    overwrite_option,
+    seed_option,
+)
 
 
-@app.command(
+@command(
+    app,
     "lens",
     epilog=(
         "Example:\n\n"
@@ -68,6 +77,7 @@ def lens_command(
     heads: Annotated[
         bool,
         typer.Option(
+            "--fit-heads",
             "--heads",
             help="Also fit the effective beta with each layer's own heads (loads the "
             "model named in the run; llama-family models).",
@@ -90,7 +100,7 @@ def lens_command(
         int | None,
         seed_option(help="Seed of the probes' folds and shuffles [default: 0, or theory.json's]."),
     ] = None,
-    figures: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
+    figures: Figures = True,
     overwrite: Annotated[
         bool,
         overwrite_option(
@@ -98,6 +108,7 @@ def lens_command(
             "adds to theory.json: its sections and settings are kept)."
         ),
     ] = False,
+    device: Device = "cpu",
     as_json: Json = False,
 ) -> None:
     """Token clouds, attention as Markov chains, effective beta, probes, logit lens.
@@ -142,8 +153,12 @@ def lens_command(
     model = baseline_model = None
     if settings.heads and settings.measure:
         with console.status("loading the models"):
-            model = model_of_run(run)
-            baseline_model = None if settings.baseline is None else model_of_run(settings.baseline)
+            model = model_of_run(run, device=device)
+            baseline_model = (
+                None
+                if settings.baseline is None
+                else model_of_run(settings.baseline, device=device)
+            )
     data: dict = {}
     if settings.measure:
         path, result = _measure(run, settings, model, baseline_model, figures)
@@ -170,14 +185,14 @@ def lens_command(
         if settings.measure:
             console.print(f"[green]wrote[/green] {path}")
         if flow:
-            flow_path = _flow(console, None, run, model, flow_eps, settings.seed)
+            flow_path = _flow(console, None, run, model, flow_eps, settings.seed, device)
             data["flow"] = json.loads(flow_path.read_text())
         echo_json(data)
         return
     if settings.measure:
         results.print(f"[green]wrote[/green] {path}")
     if flow:
-        _flow(console, results, run, model, flow_eps, settings.seed)
+        _flow(console, results, run, model, flow_eps, settings.seed, device)
 
 
 def _measure(run: Path, settings, model, baseline_model, figures: bool):
@@ -217,7 +232,7 @@ def _measure(run: Path, settings, model, baseline_model, figures: bool):
     return path, result
 
 
-def _flow(console, results, run: Path, model, eps: float, seed: int) -> Path:
+def _flow(console, results, run: Path, model, eps: float, seed: int, device: str = "cpu") -> Path:
     """The attention-only flow: RUN/flow.json, RUN/flow.html and a table (on
     ``results``; none when it is ``None``). Returns the path of flow.json."""
     from rich.table import Table
@@ -229,7 +244,7 @@ def _flow(console, results, run: Path, model, eps: float, seed: int) -> Path:
     ds = open_run(run).load()
     if model is None:
         with console.status("loading the model"):
-            model = model_of_run(run)
+            model = model_of_run(run, device=device)
     with console.status("attention-only flow") as status:
         result = attention_flow(
             model, real=ds, eps=eps, seed=seed,

@@ -1,5 +1,6 @@
-"""The mean-field commands: ``stability``, ``predict-clusters``, ``pde``,
-``phase-diagram`` and ``metastability``.
+"""The mean-field commands: ``tokenfield theory stability``, ``clusters``, ``pde``,
+``phase-diagram`` and ``metastability`` (also under their older flat names,
+hidden: ``tokenfield stability``, ``predict-clusters``, ...).
 
 Each computes with :mod:`tokenfield.meanfield`, prints a table (or JSON with
 ``--json``), and with ``--out`` writes its JSON and figures. Bad input fails
@@ -15,24 +16,30 @@ from typing import Annotated, Any
 
 import typer
 
-from tokenfield.cli._app import app
+from tokenfield.cli._app import command, theory_app
 from tokenfield.cli._options import (
+    Json,
     echo_json,
     limit_threads,
     out_option,
     overwrite_option,
+    refuse_existing,
     seed_option,
 )
 from tokenfield.cli._options import linspace as _linspace
 from tokenfield.cli._options import numbers as _numbers
-from tokenfield.errors import UserError
+from tokenfield.errors import ParameterError, UserError
 
 DYNAMICS_HELP = "sa: softmax attention; usa: unnormalised (weights / n)."
+# --normalization is the library's parameter name; --dynamics its older spelling.
+NORMALIZATION = ("--normalization", "--dynamics")
+N_PARTICLES = ("--n-particles", "--n")
+OVERWRITE_HELP = "Replace this command's earlier JSON and figures in --out."
 
 
 def _dynamics(value: str) -> str:
     if value not in ("sa", "usa"):
-        raise UserError(f"unknown --dynamics '{value}'", "use sa or usa")
+        raise UserError(f"unknown --normalization '{value}'", "use sa or usa")
     return value
 
 
@@ -57,6 +64,21 @@ def _out_dir(out: Path | None, *, lock: bool = True) -> Path | None:
     return out
 
 
+def dask_workers(dask: bool, workers: int | None) -> int | None:
+    """The local Dask cluster's size for ``--workers`` (and the old ``--dask``,
+    alone two workers), or None to run in this process."""
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers {workers} must be >= 1", "pass --workers 2 or more for Dask")
+    if dask:
+        return workers or 2
+    return workers if workers is not None and workers > 1 else None
+
+
+def _refuse(out: Path | None, name: str, overwrite: bool) -> None:
+    if out is not None:
+        refuse_existing([out / f"{name}.json"], overwrite)
+
+
 def _emit(data: dict[str, Any], out: Path | None, name: str, as_json: bool) -> None:
     from tokenfield.pipelines.meanfield import write_result
 
@@ -75,11 +97,13 @@ def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:
     console.print(f"wrote {out} ({len(paths)} figure files)")
 
 
-@app.command(
+@command(
+    theory_app,
     "stability",
+    old=("stability",),
     epilog=(
-        "Examples: tokenfield stability --dim 2 --beta 25;  "
-        "tokenfield stability --dim 3 --beta-range 1:100 --out kmax.png"
+        "Examples: tokenfield theory stability --dim 2 --beta 25;  "
+        "tokenfield theory stability --dim 3 --betas 1:100 --out kmax.png"
     ),
 )
 def stability_command(
@@ -87,9 +111,13 @@ def stability_command(
     beta: Annotated[float | None, typer.Option(help="Inverse temperature beta.")] = None,
     beta_range: Annotated[
         str | None,
-        typer.Option("--beta-range", help="A:B or A:B:N: draw k_max against beta over this range."),
+        typer.Option(
+            "--betas",
+            "--beta-range",
+            help="A:B or A:B:N (or a list): draw k_max against beta over these betas.",
+        ),
     ] = None,
-    dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "usa",
+    dynamics: Annotated[str, typer.Option(*NORMALIZATION, help=DYNAMICS_HELP)] = "usa",
     time: Annotated[
         str, typer.Option(help="paper, or rescaled (USA rates times e^{-beta}).")
     ] = "paper",
@@ -98,7 +126,7 @@ def stability_command(
     ] = None,
     n: Annotated[
         int | None,
-        typer.Option("--n", help="Discrete rates of n equispaced particles (circle only)."),
+        typer.Option(*N_PARTICLES, help="Discrete rates of n equispaced particles (circle only)."),
     ] = None,
     out: Annotated[
         Path | None,
@@ -107,7 +135,10 @@ def stability_command(
             "figures/ (like the other mean-field commands)."
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    overwrite: Annotated[
+        bool, overwrite_option(help="Replace an earlier figure or stability.json at --out.")
+    ] = False,
+    as_json: Json = False,
 ) -> None:
     """Growth rates of the modes of the uniform measure and k_max(beta).
 
@@ -125,7 +156,7 @@ def stability_command(
 
     dynamics, time = _dynamics(dynamics), _time(time)
     if (beta is None) == (beta_range is None):
-        raise UserError("pass exactly one of --beta and --beta-range", "e.g. --beta 9")
+        raise UserError("pass exactly one of --beta and --betas", "e.g. --beta 9")
     # --out FILE.png|svg writes that one figure; --out DIR (no suffix, or a directory)
     # writes DIR/stability.json and DIR/figures/*.png|svg, like every mean-field command.
     figure_file = out is not None and out.suffix.lower() in (".png", ".svg") and not out.is_dir()
@@ -139,6 +170,9 @@ def stability_command(
         )
     elif out is not None:
         out_dir = _out_dir(out)
+    if figure_file:
+        refuse_existing([out], overwrite)  # type: ignore[list-item]
+    _refuse(out_dir, "stability", overwrite)
     console = make_console(stderr=as_json)  # stdout holds the JSON
     if beta is not None:
         spectrum = stability_spectrum(
@@ -174,7 +208,7 @@ def stability_command(
 
             plot_growth_rates(spectrum).savefig(out)
         return
-    betas = _numbers(beta_range, "--beta-range")  # type: ignore[arg-type]
+    betas = _numbers(beta_range, "--betas")  # type: ignore[arg-type]
     if ":" in beta_range and len(beta_range.split(":")) == 2:  # type: ignore[union-attr]
         low, high = (float(v) for v in beta_range.split(":"))  # type: ignore[union-attr]
         betas = _linspace(low, high, max(2, min(400, int(round((high - low) * 4)) + 1)))
@@ -199,14 +233,21 @@ def stability_command(
             console.print(f"wrote {out}")
 
 
-@app.command(
-    "predict-clusters",
-    epilog="Example: tokenfield predict-clusters --betas 1,4,16,49 --n 256 --seeds 4 --out mf/",
+@command(
+    theory_app,
+    "clusters",
+    old=("predict-clusters",),
+    epilog=(
+        "Example: tokenfield theory clusters --betas 1,4,16,49 --n-particles 256 --seeds 4 "
+        "--out mf/"
+    ),
 )
 def predict_clusters_command(
     betas: Annotated[str, typer.Option(help="Betas: 1,4,16 or A:B or A:B:N.")] = "1,4,9,16,25",
-    dynamics: Annotated[str, typer.Option(help="sa, usa or both as 'usa,sa'.")] = "usa,sa",
-    n: Annotated[int, typer.Option("--n", help="Particles on the circle.")] = 256,
+    dynamics: Annotated[
+        str, typer.Option(*NORMALIZATION, help="sa, usa or both as 'usa,sa'.")
+    ] = "usa,sa",
+    n: Annotated[int, typer.Option(*N_PARTICLES, help="Particles on the circle.")] = 256,
     noise: Annotated[float, typer.Option(help="Angular noise of the equispaced start.")] = 1e-3,
     seeds: Annotated[int, typer.Option(help="Independent starts, batched.")] = 4,
     seed: Annotated[int, seed_option(help="First seed.")] = 0,
@@ -215,7 +256,8 @@ def predict_clusters_command(
         typer.Option("--growth-rates", help="Also fit the linear-phase Fourier growth rates."),
     ] = False,
     out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
+    as_json: Json = False,
 ) -> None:
     """Simulate near-equispaced starts on the circle and set the first plateau of the
     cluster count beside k_max(beta) (USA in rescaled time)."""
@@ -228,10 +270,11 @@ def predict_clusters_command(
     values = _numbers(betas, "--betas")
     norms = tuple(_dynamics(v.strip()) for v in dynamics.split(",") if v.strip())
     if not norms or any(b == 0 for b in values):
-        raise UserError("--dynamics must name sa and/or usa, and --betas must be != 0")
+        raise UserError("--normalization must name sa and/or usa, and --betas must be != 0")
     if n < 4 or seeds < 1 or not (0 < noise < 1):
-        raise UserError("need --n >= 4, --seeds >= 1 and --noise in (0, 1)")
+        raise UserError("need --n-particles >= 4, --seeds >= 1 and --noise in (0, 1)")
     out = _out_dir(out)
+    _refuse(out, "cluster_prediction", overwrite)
     console = make_console(stderr=as_json)  # stdout holds the JSON
     steps = len(norms) * len(values) * (2 if growth_rates else 1)
     with limit_threads(1), ProgressBar("simulating", total=steps, unit="experiments") as bar:
@@ -268,16 +311,21 @@ def predict_clusters_command(
     _figures({"cluster_prediction": rows, "growth_fits": fits}, out, console)
 
 
-@app.command(
+@command(
+    theory_app,
     "pde",
-    epilog="Example: tokenfield pde --beta 4 --dynamics sa --n 64,128,256,512 --times 0,1,2,3 --out mf/",
+    old=("pde",),
+    epilog=(
+        "Example: tokenfield theory pde --beta 4 --normalization sa --n-particles 64,128,256,512 "
+        "--times 0,1,2,3 --out mf/"
+    ),
 )
 def pde_command(
     beta: Annotated[float, typer.Option(help="Inverse temperature.")] = 4.0,
-    dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "sa",
+    dynamics: Annotated[str, typer.Option(*NORMALIZATION, help=DYNAMICS_HELP)] = "sa",
     time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
     n: Annotated[
-        str, typer.Option("--n", help="Particle counts, e.g. 64,128,256.")
+        str, typer.Option(*N_PARTICLES, help="Particle counts to compare, e.g. 64,128,256.")
     ] = "64,128,256,512",
     times: Annotated[str, typer.Option(help="Comparison times.")] = "0,1,2,3",
     cells: Annotated[int, typer.Option(help="Finite-volume cells.")] = 2048,
@@ -286,7 +334,8 @@ def pde_command(
     seeds: Annotated[int, typer.Option(help="Random starts per n (sampling random).")] = 4,
     dt: Annotated[float, typer.Option(help="Particle RK4 step.")] = 0.01,
     out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
+    as_json: Json = False,
 ) -> None:
     """Solve the mean-field PDE on the circle and compare it with n-particle runs (W1)."""
     from rich.table import Table
@@ -295,13 +344,14 @@ def pde_command(
     from tokenfield.meanfield.convergence import pde_vs_particles
 
     dynamics, time = _dynamics(dynamics), _time(time)
-    ns = _numbers(n, "--n", integer=True)
+    ns = _numbers(n, "--n-particles", integer=True)
     moments = _numbers(times, "--times")
     if sampling not in ("quantile", "random"):
         raise UserError(f"unknown --sampling '{sampling}'", "use quantile or random")
     if not (math.isfinite(dt) and dt > 0) or seeds < 1:
         raise UserError("--dt must be > 0 and --seeds >= 1")
     out = _out_dir(out)
+    _refuse(out, "pde_vs_particles", overwrite)
     console = make_console(stderr=as_json)  # stdout holds the JSON
     with limit_threads(1), make_console(stderr=True).status("solving"):
         result = pde_vs_particles(
@@ -323,13 +373,17 @@ def pde_command(
     _figures({"pde": result}, out, console)
 
 
-@app.command(
+@command(
+    theory_app,
     "phase-diagram",
+    old=("phase-diagram",),
     epilog=(
-        "Example: tokenfield phase-diagram --dims 2,8,32,128 --betas 0:9 --out mf/phase --dask\n\n"
+        "Example: tokenfield theory phase-diagram --dims 2,8,32,128 --betas 0:9 --out mf/phase "
+        "--workers 2\n\n"
         "Every task writes its own region of OUT/phase_diagram.zarr; run the same "
-        "command again to resume. --scheduler tcp://host:8786 uses an existing Dask "
-        "cluster (OUT must be on a filesystem its workers share)."
+        "command again to resume. --workers N (N >= 2) starts a local Dask cluster; "
+        "--scheduler tcp://host:8786 uses an existing one (OUT must be on a filesystem "
+        "its workers share)."
     ),
 )
 def phase_diagram_command(
@@ -338,16 +392,20 @@ def phase_diagram_command(
     betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "0:9",
     t_max: Annotated[float, typer.Option("--t-max", help="Final time.")] = 30.0,
     frames: Annotated[int, typer.Option(help="Saved times.")] = 61,
-    n: Annotated[int, typer.Option("--n", help="Tokens per system.")] = 32,
-    systems: Annotated[int, typer.Option(help="Random starts per (d, beta), batched.")] = 32,
+    n: Annotated[int, typer.Option(*N_PARTICLES, help="Tokens per system.")] = 32,
+    systems: Annotated[
+        int, typer.Option("--seeds", "--systems", help="Random starts per (d, beta), batched.")
+    ] = 32,
     delta: Annotated[
         float,
         typer.Option(
-            help="Merged: <x_i, x_j> >= 1 - delta (0.001 is the statistic of the published "
-            "figure: the share of pairs with <x_i, x_j> > 0.999)."
+            "--eps",
+            "--delta",
+            help="Merged: <x_i, x_j> >= 1 - eps (0.001 is the statistic of the published "
+            "figure: the share of pairs with <x_i, x_j> > 0.999).",
         ),
     ] = 0.1,
-    dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "sa",
+    dynamics: Annotated[str, typer.Option(*NORMALIZATION, help=DYNAMICS_HELP)] = "sa",
     time: Annotated[
         str | None,
         typer.Option(
@@ -359,20 +417,35 @@ def phase_diagram_command(
     integrator: Annotated[
         str,
         typer.Option(
+            "--solver",
+            "--integrator",
             help="rk4, or projected-euler (Euler step then renormalise: the published "
-            "script's integrator), or euler."
+            "script's integrator), or euler.",
         ),
     ] = "rk4",
     pairs: Annotated[str, typer.Option(help="all pairs, or the first pair only.")] = "all",
     seed: Annotated[int, seed_option(help="Base seed.")] = 0,
     beta_block: Annotated[int, typer.Option("--beta-block", help="Betas per task.")] = 2,
-    dask: Annotated[bool, typer.Option("--dask", help="Run the tasks on a Dask cluster.")] = False,
+    dask: Annotated[
+        bool,
+        typer.Option(
+            "--dask",
+            hidden=True,
+            help="Old spelling: a local Dask cluster (2 workers unless --workers).",
+        ),
+    ] = False,
     scheduler: Annotated[
         str | None, typer.Option(help="Address of an existing Dask scheduler.")
     ] = None,
-    workers: Annotated[int, typer.Option(help="Workers of the local Dask cluster.")] = 2,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Run the tasks on a local Dask cluster of N worker processes (N >= 2; "
+            "default: in this process)."
+        ),
+    ] = None,
     overwrite: Annotated[bool, overwrite_option(help="Replace another sweep.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Json = False,
 ) -> None:
     """P(two tokens merged) over time, beta and d, with the equiangular ODE curve."""
     from tokenfield._progress import ProgressBar
@@ -381,18 +454,25 @@ def phase_diagram_command(
     from tokenfield.runs import check_writable_dir
 
     if integrator not in ("rk4", "projected-euler", "euler"):
-        raise UserError(f"unknown --integrator '{integrator}'", "use rk4, projected-euler or euler")
+        raise UserError(f"unknown --solver '{integrator}'", "use rk4, projected-euler or euler")
+    workers = dask_workers(dask, workers)
+    use_dask = scheduler is not None or workers is not None
     if time is None:
         usa_script = integrator == "projected-euler" and _dynamics(dynamics) == "usa"
         time = "rescaled" if usa_script else "paper"
-    config = PhaseDiagramConfig(
-        dims=tuple(_numbers(dims, "--dims", integer=True)),
-        betas=tuple(_numbers(betas, "--betas")),
-        t_max=t_max, frames=frames, n_particles=n, n_systems=systems, delta=delta,
-        normalization=_dynamics(dynamics), time=_time(time), dt=dt, solver=integrator,
-        pairs=pairs,  # type: ignore[arg-type]
-        seed=seed, beta_block=beta_block,
-    )  # fmt: skip
+    try:
+        config = PhaseDiagramConfig(
+            dims=tuple(_numbers(dims, "--dims", integer=True)),
+            betas=tuple(_numbers(betas, "--betas")),
+            t_max=t_max, frames=frames, n_particles=n, n_systems=systems, delta=delta,
+            normalization=_dynamics(dynamics), time=_time(time), dt=dt, solver=integrator,
+            pairs=pairs,  # type: ignore[arg-type]
+            seed=seed, beta_block=beta_block,
+        )  # fmt: skip
+    except ParameterError as exc:
+        # The sweep's stored config names the merge threshold delta (a resumed
+        # store compares it); on the command line it is --eps, as everywhere.
+        raise exc.named("--eps") if exc.param == "delta" else exc from None
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file", "pass a directory")
     if scheduler is not None:
@@ -411,8 +491,8 @@ def phase_diagram_command(
     with ProgressBar("sweeping", total=None, unit="tasks") as bar:
         ds = phase_diagram(
             config, store=out / "phase_diagram.zarr",
-            executor="dask" if (dask or scheduler) else "inprocess",
-            scheduler=scheduler, n_workers=workers, overwrite=overwrite, report=report,
+            executor="dask" if use_dask else "inprocess",
+            scheduler=scheduler, n_workers=workers or 2, overwrite=overwrite, report=report,
             progress=lambda done, total: bar.update(total=total, completed=done),
         )  # fmt: skip
     summary = summarize(ds)
@@ -431,12 +511,14 @@ def phase_diagram_command(
     _figures({"phase_diagram": ds}, out, console)
 
 
-@app.command(
+@command(
+    theory_app,
     "metastability",
+    old=("metastability",),
     epilog=(
-        "Example: tokenfield metastability --betas 2:12 --caps 3 --dim 2 --t-cap 2e5 "
+        "Example: tokenfield theory metastability --betas 2:12 --caps 3 --dim 2 --t-max 2e5 "
         "--fit-from 6 --out mf/\n\n"
-        "A time shown as inf means no merge before --t-cap: raise --t-cap (T grows like "
+        "A time shown as inf means no merge before --t-max: raise --t-max (T grows like "
         "e^beta) or fit over fewer betas."
     ),
 )
@@ -446,10 +528,12 @@ def metastability_command(
     dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension d.")] = 2,
     per_cap: Annotated[int, typer.Option("--per-cap", help="Particles per cap.")] = 4,
     cap_radius: Annotated[float, typer.Option("--cap-radius", help="Cap radius (rad).")] = 0.1,
-    dynamics: Annotated[str, typer.Option(help=DYNAMICS_HELP)] = "sa",
+    dynamics: Annotated[str, typer.Option(*NORMALIZATION, help=DYNAMICS_HELP)] = "sa",
     time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
     seeds: Annotated[int, typer.Option(help="Independent starts, batched.")] = 4,
-    t_cap: Annotated[float, typer.Option("--t-cap", help="Give up after this time.")] = 5000.0,
+    t_cap: Annotated[
+        float, typer.Option("--t-max", "--t-cap", help="Give up after this time.")
+    ] = 5000.0,
     fit_from: Annotated[
         float | None,
         typer.Option(
@@ -460,7 +544,8 @@ def metastability_command(
     ] = None,
     eps: Annotated[float, typer.Option(help="Cluster threshold.")] = 1e-2,
     out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
+    as_json: Json = False,
 ) -> None:
     """First-merge times of k separated clusters against beta, and the slope of log T."""
     from rich.table import Table
@@ -472,9 +557,10 @@ def metastability_command(
     values = _numbers(betas, "--betas")
     dynamics, time = _dynamics(dynamics), _time(time)
     if caps < 2 or per_cap < 1 or seeds < 1 or not (t_cap > 0):
-        raise UserError("need --caps >= 2, --per-cap >= 1, --seeds >= 1 and --t-cap > 0")
+        raise UserError("need --caps >= 2, --per-cap >= 1, --seeds >= 1 and --t-max > 0")
     cap_centres(caps, dim)
     out = _out_dir(out)
+    _refuse(out, "metastability", overwrite)
     console = make_console(stderr=as_json)  # stdout holds the JSON
     with limit_threads(1), Stages("simulating", total=len(values)):
         result = metastability(
@@ -500,9 +586,9 @@ def metastability_command(
     if unmerged:
         # A hint, on stderr, also with --json.
         make_console(stderr=True).print(
-            f"hint: no merge before --t-cap {t_cap:g} at beta = "
+            f"hint: no merge before --t-max {t_cap:g} at beta = "
             f"{', '.join(f'{b:g}' for b in unmerged)} (shown as inf, left out of the fit); "
-            f"raise --t-cap, e.g. --t-cap {t_cap * 40:g}"
+            f"raise --t-max, e.g. --t-max {t_cap * 40:g}"
         )
     _emit(result.to_dict(), out, "metastability", as_json)
     _figures({"metastability": result}, out, console)

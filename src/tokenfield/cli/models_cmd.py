@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
-from tokenfield.cli._app import app
+from tokenfield.cli._app import app, command
+from tokenfield.cli._options import Json
 
 
-@app.command("models")
+@command(app, "models")
 def models_command(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: Json = False,
 ) -> None:
     """List the bundled offline models and whether each is installed."""
     from tokenfield.models.load import cache_root, list_bundled_models

@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
+from tokenfield.cli._app import app, command
 from tokenfield.cli._options import out_option
 
 
-@app.command(
+@command(
+    app,
     "report",
     epilog=(
         "Example: tokenfield report runs/categories runs/spectrum --out runs/report.html\n\n"

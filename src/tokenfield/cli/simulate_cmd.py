@@ -7,15 +7,16 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
+from tokenfield.cli._app import app, command
 from tokenfield.cli._options import Device, out_option, overwrite_option, seed_option
 
 
-@app.command(
+@command(
+    app,
     "simulate",
     epilog=(
-        "Example: tokenfield simulate --dynamics usa --dim 2 --n 64 --beta 9 --t-max 30 "
-        "--dt 0.05 --integrator rk4 --init uniform --seed 1 --save-every 10 --out runs/circle\n\n"
+        "Example: tokenfield simulate --normalization usa --dim 2 --n-particles 64 --beta 9 "
+        "--t-max 30 --dt 0.05 --solver rk4 --init uniform --seed 1 --save-every 10 --out runs/circle\n\n"
         "Read it back with xarray.open_zarr('runs/circle/trajectory.zarr'), or run "
         "'tokenfield analyze runs/circle' for the energy, cluster count and figures. "
         "An interrupted simulation resumes when the same command is run again."
@@ -26,7 +27,9 @@ def simulate_command(
     dynamics: Annotated[
         str,
         typer.Option(
-            help="sa: softmax attention (weights / Z_i); usa: unnormalised (weights / n)."
+            "--normalization",
+            "--dynamics",
+            help="sa: softmax attention (weights / Z_i); usa: unnormalised (weights / n).",
         ),
     ] = "sa",
     dim: Annotated[
@@ -37,7 +40,9 @@ def simulate_command(
     ] = None,
     n: Annotated[
         int | None,
-        typer.Option("--n", "-n", help="Number of particles. Default 32, or the prompt's."),
+        typer.Option(
+            "--n-particles", "-n", "--n", help="Number of particles. Default 32, or the prompt's."
+        ),
     ] = None,
     beta: Annotated[float, typer.Option(help="Inverse temperature beta.")] = 1.0,
     t_max: Annotated[float, typer.Option("--t-max", help="Final time T.")] = 10.0,
@@ -45,7 +50,8 @@ def simulate_command(
         float, typer.Option(help="Step (Euler: one residual layer); adaptive: first step tried.")
     ] = 0.1,
     integrator: Annotated[
-        str, typer.Option(help="euler, projected-euler, rk4 or adaptive.")
+        str,
+        typer.Option("--solver", "--integrator", help="euler, projected-euler, rk4 or adaptive."),
     ] = "euler",
     init: Annotated[
         str,
@@ -89,7 +95,10 @@ def simulate_command(
         int, typer.Option("--prompt-index", help="Which prompt of a run: init.")
     ] = 0,
     batch: Annotated[
-        int | None, typer.Option(help="Simulate this many independent systems at once.")
+        int | None,
+        typer.Option(
+            "--seeds", "--batch", help="Simulate this many independent systems at once (batched)."
+        ),
     ] = None,
     rtol: Annotated[float, typer.Option(help="Adaptive: relative tolerance.")] = 1e-6,
     atol: Annotated[float, typer.Option(help="Adaptive: absolute tolerance.")] = 1e-9,

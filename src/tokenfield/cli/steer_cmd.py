@@ -1,4 +1,6 @@
-"""``tokenfield steer`` and ``tokenfield eval-steering``."""
+"""``tokenfield steer vector`` and ``tokenfield steer eval`` (older spellings, still
+working: ``tokenfield steer RUN ...`` without a subcommand, and ``tokenfield
+eval-steering``)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ from typing import Annotated
 import typer
 
 from tokenfield._progress import plural
-from tokenfield.cli._app import app
+from tokenfield.cli._app import command, steer_app
 from tokenfield.cli._options import (
+    Device,
     Json,
     echo_json,
+    model_option,
     numbers,
     one_run,
     out_option,
@@ -20,11 +24,13 @@ from tokenfield.cli._options import (
 )
 
 
-@app.command(
-    "steer",
+@command(
+    steer_app,
+    "vector",
     epilog=(
-        "Example: tokenfield steer runs/demo/seed-spectrum --from 'Word Problems' "
-        "--to 'Pure Math' --layer 15 --alpha 0.5,1,2 --out runs/steer"
+        "Example: tokenfield steer vector runs/demo/seed-spectrum --from 'Word Problems' "
+        "--to 'Pure Math' --layer 15 --alphas 0.5,1,2 --out runs/steer\n\n"
+        "'tokenfield steer RUN ...' (no subcommand) is this command."
     ),
 )
 def steer_command(
@@ -47,7 +53,7 @@ def steer_command(
         Path | None, typer.Option("--run", hidden=True, help="The run (old spelling of RUN).")
     ] = None,
     alpha: Annotated[
-        str, typer.Option("--alpha", help="Comma-separated multiples of the vector.")
+        str, typer.Option("--alphas", "--alpha", help="Comma-separated multiples of the vector.")
     ] = "0.5,1,2",
     method: Annotated[
         str, typer.Option(help="'mean' (difference of means) or 'pca' (of differences).")
@@ -61,15 +67,14 @@ def steer_command(
             "--vector", help="Use a saved vector (.safetensors) instead of computing one."
         ),
     ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="Model (default: the run's).")
-    ] = None,
+    model: Annotated[str | None, model_option(help="Model (default: the run's).")] = None,
     max_new_tokens: Annotated[
         int, typer.Option("--max-new-tokens", help="Length of the continuation.")
     ] = 12,
     control_seed: Annotated[
         int, typer.Option("--control-seed", help="Seed of the random control direction.")
     ] = 0,
+    device: Device = "cpu",
     overwrite: Annotated[bool, overwrite_option(help="Replace an earlier steer output.")] = False,
     as_json: Json = False,
 ) -> None:
@@ -86,12 +91,12 @@ def steer_command(
     from tokenfield.pipelines.steer import steer_run
 
     run = one_run(run, run_option)
-    alphas = numbers(alpha, "--alpha", ranges=False, example="0.5,1,2")
+    alphas = numbers(alpha, "--alphas", ranges=False, example="0.5,1,2")
     console = make_console(stderr=True)  # progress; the table goes to stdout
     result = steer_run(
         run, source=source, target=target, layer=layer, out=out, alphas=alphas, method=method,
         positions=positions, vector=vector, model=model, max_new_tokens=max_new_tokens,
-        control_seed=control_seed, overwrite=overwrite, progress=True,
+        control_seed=control_seed, device=device, overwrite=overwrite, progress=True,
     )  # fmt: skip
     if as_json:
         echo_json({"rows": result["rows"], "out": str(out)})
@@ -115,18 +120,22 @@ def steer_command(
     make_console().print(f"wrote {out / 'steering.json'} and {out / 'figures'}")
 
 
-@app.command(
-    "eval-steering",
+@command(
+    steer_app,
+    "eval",
+    old=("eval-steering",),
     epilog=(
-        "Example: tokenfield eval-steering --model smollm2 --out runs/eval-smollm2  "
+        "Example: tokenfield steer eval --model smollm2 --out runs/eval-smollm2  "
         "(defaults: 300 test, 100 validation, 64 fit problems, 3 layers x 3 alphas, "
         "32 random directions, 32 label shuffles, 32 centroid halves)"
     ),
 )
 def eval_steering_command(
     out: Annotated[Path, out_option(help="Directory for eval.json and figures.")],
-    model: Annotated[str, typer.Option("--model", "-m", help="A causal model.")] = "smollm2",
-    n: Annotated[int, typer.Option("--n", help="Test problems (the only ones reported).")] = 300,
+    model: Annotated[str, model_option(help="A causal model.")] = "smollm2",
+    n: Annotated[
+        int, typer.Option("--test", "--n", help="Test problems (the only ones reported).")
+    ] = 300,
     validation: Annotated[
         int, typer.Option("--validation", help="Problems that select the layer and alpha.")
     ] = 100,
@@ -194,6 +203,7 @@ def eval_steering_command(
             "differ slightly; its speed has not been measured, see docs/steering.md).",
         ),
     ] = "float32",
+    device: Device = "cpu",
     overwrite: Annotated[bool, overwrite_option()] = False,
     as_json: Json = False,
 ) -> None:
@@ -220,7 +230,7 @@ def eval_steering_command(
         alphas=numbers(alphas, "--alphas", ranges=False, example="0.5,1,2"),
         controls=controls, control_seed=control_seed, shuffle_seed=shuffle_seed,
         shuffles=shuffles, halves=halves, halves_seed=halves_seed, positions=positions,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, dtype=dtype,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, dtype=dtype, device=device,
     )  # fmt: skip
     result = evaluate_run(evaluation, out, overwrite=overwrite, progress=True)
     if as_json:

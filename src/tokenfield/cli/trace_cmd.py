@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import app
-from tokenfield.cli._options import Device, out_option, overwrite_option, seed_option
+from tokenfield.cli._app import app, command
+from tokenfield.cli._options import Device, model_option, out_option, overwrite_option, seed_option
 
 
-@app.command(
+@command(
+    app,
     "trace",
     epilog=(
         "Example: tokenfield trace --model smollm2 --prompts seed-spectrum --out runs/spectrum\n\n"
@@ -23,10 +24,8 @@ def trace_command(
     out: Annotated[Path, out_option(help="Run directory to write.")],
     model: Annotated[
         str,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Bundled name (smollm2, gemma3-270m, minilm), local model dir, .gguf file, or hub id.",
+        model_option(
+            help="Bundled name (smollm2, gemma3-270m, minilm), local model dir, .gguf file, or hub id."
         ),
     ] = "smollm2",
     prompts: Annotated[
@@ -140,7 +139,7 @@ def trace_command(
         typer.Option(
             "--steer",
             help="Trace (and generate) with this steering vector (vector.safetensors of "
-            "'tokenfield steer') added at its layer; overlay the run on the unsteered one "
+            "'tokenfield steer vector') added at its layer; overlay the run on the unsteered one "
             "with 'tokenfield report RUN --overlay STEERED'.",
         ),
     ] = None,

@@ -43,7 +43,7 @@ This module keeps the pure measures (energy, state classification, the stuck
 states' spectrum). The items themselves run simulations and draw, so they are a
 workflow: :func:`tokenfield.pipelines.conformance.run_suite` runs them
 (``quick=True``: sizes for CI) and returns :class:`ItemResult` objects;
-``tokenfield conformance`` writes the JSON and the HTML page.
+``tokenfield theory conformance`` writes the JSON and the HTML page.
 """
 
 from __future__ import annotations

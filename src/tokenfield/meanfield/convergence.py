@@ -128,7 +128,7 @@ def pde_vs_particles(
     ns = np.asarray(sorted({int(n) for n in np.atleast_1d(ns)}), dtype=np.int64)
     times = np.asarray(sorted({float(t) for t in np.atleast_1d(times)}), dtype=np.float64)
     if ns.size < 2 or ns[0] < 2:
-        raise UserError("pass at least two particle counts n >= 2", "e.g. --n 64,128,256")
+        raise UserError("pass at least two particle counts n >= 2", "e.g. --n-particles 64,128,256")
     if times[0] < 0 or times[-1] <= 0:
         raise UserError("comparison times must be >= 0 and not all 0")
     if sampling == "quantile":

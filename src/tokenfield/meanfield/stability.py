@@ -453,7 +453,7 @@ def k_max_curve(
     """:func:`most_unstable_mode` and its rate for every ``beta`` in ``betas``."""
     betas = np.asarray(betas, dtype=np.float64).reshape(-1)
     if betas.size == 0:
-        raise UserError("no beta values given", "pass e.g. --beta-range 1:100")
+        raise UserError("no beta values given", "pass e.g. --betas 1:100")
     spectra = [
         stability_spectrum(float(b), dim=dim, normalization=normalization, time=time) for b in betas
     ]

@@ -341,7 +341,9 @@ class Dynamics:
             raise UserError(f"states must be (..., n, d), got shape {tuple(x.shape)}")
         if x.shape[-2] < 1:
             raise ParameterError(
-                "n", "there must be at least one particle (n >= 1)", "pass {name} 1 or more"
+                "n_particles",
+                "there must be at least one particle (n >= 1)",
+                "pass {name} 1 or more",
             )
         if x.shape[-1] < 2:
             raise ParameterError(

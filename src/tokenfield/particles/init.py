@@ -38,7 +38,9 @@ def _normalize(x: torch.Tensor) -> torch.Tensor:
 def _check_size(n: int, d: int) -> None:
     if int(n) < 1:
         raise ParameterError(
-            "n", f"the number of particles must be n >= 1, not {n}", "pass {name} 1 or more"
+            "n_particles",
+            f"the number of particles must be n >= 1, not {n}",
+            "pass {name} 1 or more",
         )
     if int(d) < 2:
         raise ParameterError(
@@ -74,7 +76,7 @@ def orthogonal(n: int, d: int, *, seed: int = 0, batch: int | None = None) -> to
     if n > d:
         raise UserError(
             f"cannot place n = {n} orthogonal particles in d = {d} dimensions",
-            "use --dim at least --n, or another --init",
+            "use --dim at least --n-particles, or another --init",
         )
     gen = torch.Generator().manual_seed(int(seed))
     g = torch.randn(_shape(batch, d, n), generator=gen, dtype=torch.float64)
@@ -118,7 +120,7 @@ def caps(
     _check_size(n, d)
     if int(k) < 1:
         raise ParameterError(
-            "k", f"the number of caps must be >= 1, not {k}", "pass {name} 1 or more"
+            "caps", f"the number of caps must be >= 1, not {k}", "pass {name} 1 or more"
         )
     if not (0.0 <= cap_radius < math.pi / 2):
         raise UserError(f"cap_radius must be in [0, pi/2), not {cap_radius}")
@@ -291,14 +293,14 @@ def initial_condition(
         x = from_run(path, layer=layer, prompt_index=prompt_index, dim=d)
         if n is not None and n != x.shape[0]:
             raise UserError(
-                f"--n {n} does not match the {x.shape[0]} tokens of prompt {prompt_index} in '{path}'",
-                "omit --n with a run: init",
+                f"--n-particles {n} does not match the {x.shape[0]} tokens of prompt {prompt_index} in '{path}'",
+                "omit --n-particles with a run: init",
             )
         if batch is not None:
             x = x.expand(int(batch), *x.shape).clone()
     else:
         if n is None or d is None:
-            raise UserError(f"--init {spec} needs both --n and --dim")
+            raise UserError(f"--init {spec} needs both --n-particles and --dim")
         if spec == "uniform":
             x = uniform(n, d, seed=seed, batch=batch)
         elif spec == "equispaced":

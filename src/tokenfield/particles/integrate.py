@@ -16,7 +16,7 @@ when the state lives on the sphere, the identity otherwise):
   which convention it follows. For USA the script normalises the step by
   ``e^beta`` (the USA weights become ``exp(beta (<x, y> - 1)) / n``, USA "in its
   own time scale"): that is ``Dynamics(time="rescaled")``, which
-  ``phase-diagram --integrator projected-euler --dynamics usa`` selects unless
+  ``theory phase-diagram --solver projected-euler --normalization usa`` selects unless
   ``--time`` is given. Order 1.
 - :class:`RK4`: classical Runge-Kutta in the ambient space, then ``N``. The
   ambient field ``P_x^perp A(x)`` leaves ``|x| = 1`` invariant, so the retraction
@@ -193,7 +193,9 @@ class SaveAt:
             object.__setattr__(self, "every", 1)
         if self.every is not None and (isinstance(self.every, bool) or int(self.every) < 1):
             raise ParameterError(
-                "every", f"{{name}} must be >= 1, not {self.every}", "pass {name} 1 or more"
+                "save_every",
+                f"{{name}} (keep every k-th step) must be >= 1, not {self.every}",
+                "pass {name} 1 or more",
             )
         if self.times is not None:
             times = tuple(sorted(float(t) for t in self.times))
@@ -267,7 +269,7 @@ class _Recorder:
         if not bool(torch.isfinite(x).all()):
             raise BlowUp(
                 f"the states became non-finite by t = {t:g} (the step is unstable)",
-                "reduce --dt or beta, or use --integrator adaptive",
+                "reduce --dt or beta, or use --solver adaptive",
             )
         self.times.append(float(t))
         self.frames.append(x.detach().cpu().numpy().copy())

@@ -14,7 +14,7 @@ The floor between the CLI and the pure layers (see ``docs/architecture.md``):
 - :mod:`~tokenfield.pipelines.simulate`: ``tokenfield simulate``
   (:class:`~tokenfield.pipelines.simulate.SimulationRecipe` into a run).
 - :mod:`~tokenfield.pipelines.meanfield`: the mean-field commands' JSON and figures.
-- :mod:`~tokenfield.pipelines.conformance`: ``tokenfield conformance``.
+- :mod:`~tokenfield.pipelines.conformance`: ``tokenfield theory conformance``.
 
 Nothing below this floor opens a run directory, loads a model or writes a file.
 """

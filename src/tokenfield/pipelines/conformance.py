@@ -1,4 +1,4 @@
-"""The conformance suite of ``tokenfield conformance``: each item runs a small
+"""The conformance suite of ``tokenfield theory conformance``: each item runs a small
 experiment with the library's own functions, draws its figure, and is judged
 against its published reference (the items are described in
 :mod:`tokenfield.meanfield.conformance`, which keeps the pure measures);

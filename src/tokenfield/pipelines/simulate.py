@@ -263,10 +263,10 @@ def check_memory(n: int, dim: int, batch: int | None, dtype: str) -> None:
     available = available_memory()
     if available is not None and need > available:
         raise UserError(
-            f"--n {n} in d = {dim}{f' x {batch} systems' if batch else ''} needs about "
+            f"--n-particles {n} in d = {dim}{f' x {batch} systems' if batch else ''} needs about "
             f"{_size(need)} of memory ({_size(state)} per copy of the states); "
             f"{_size(available)} is available",
-            "use a smaller --n, --dim or --batch",
+            "use a smaller --n-particles, --dim or --seeds",
         )
 
 
@@ -303,5 +303,5 @@ def large_step_warning(model: Dynamics, x0: Any, dt: float) -> str | None:
     return (
         f"at t = 0 the fastest particle moves {angle:.2g} rad per step; the fixed-step "
         f"integration is likely inaccurate or unstable. Use --dt {suggestion:.2g} or "
-        "smaller, --integrator adaptive, or --time rescaled."
+        "smaller, --solver adaptive, or --time rescaled."
     )

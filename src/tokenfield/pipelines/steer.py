@@ -202,6 +202,7 @@ def steer_run(
     model: str | None = None,
     max_new_tokens: int = 12,
     control_seed: int = 0,
+    device: str = "cpu",
     overwrite: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
@@ -212,8 +213,8 @@ def steer_run(
 
     ``vector`` is a saved vector to use instead of computing one (it must belong
     to ``layer`` and to ``source`` -> ``target``); ``model`` overrides the run's
-    model (its dtype and weights are the run's). Nothing is written before the
-    inputs are checked and the model is loaded.
+    model (its dtype and weights are the run's); ``device`` is where it runs.
+    Nothing is written before the inputs are checked and the model is loaded.
 
     Returns:
         What ``steering.json`` holds beside the vector's provenance (the rows,
@@ -238,7 +239,7 @@ def steer_run(
         steer_vec = steering_vector(
             ds, source=source, target=target, layer=layer, method=method, run=str(run)
         )
-    spec = ModelSpec.from_run(ds, name=model)  # the run's model, dtype and weights
+    spec = ModelSpec.from_run(ds, name=model, device=device)  # the run's model, dtype and weights
     with make_console(stderr=True).status("loading model") if progress else nullcontext():
         loaded = spec.load()
     steer_vec.check_model(loaded)

@@ -48,6 +48,7 @@ class SteeringEvaluation:
         max_new_tokens: the longest continuation.
         batch_size: rows (prompt x condition) per forward pass.
         dtype: ``float32`` or ``bfloat16``.
+        device: where the model runs (``cpu``, ``cuda``, ``cuda:1``, ...).
 
     Raises:
         ParameterError, UserError: a bad value, on construction.
@@ -73,6 +74,7 @@ class SteeringEvaluation:
     max_new_tokens: int = 5
     batch_size: int = 256
     dtype: str = "float32"
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "templates", tuple(self.templates))
@@ -112,7 +114,7 @@ class SteeringEvaluation:
     def protocol(self) -> dict[str, Any]:
         """The keyword arguments of :func:`~tokenfield.steering.evaluate.evaluate_steering`."""
         settings = asdict(self)
-        for key in ("model", "dtype"):
+        for key in ("model", "dtype", "device"):
             settings.pop(key)
         settings["templates"] = list(self.templates)
         settings["layers"] = list(self.layers) if self.layers else None
@@ -137,7 +139,7 @@ def evaluate_run(
     Returns:
         What ``eval.json`` holds.
     """
-    spec = ModelSpec(evaluation.model, dtype=evaluation.dtype)
+    spec = ModelSpec(evaluation.model, dtype=evaluation.dtype, device=evaluation.device)
     status = make_console(stderr=True).status if progress else None
     with status(f"loading {evaluation.model}") if status else nullcontext():
         loaded = spec.load()

@@ -242,12 +242,13 @@ def _heads_fit(ds: xr.Dataset, model: Any, causal: bool) -> EffectiveBeta:
     return effective_beta(ds, causal=causal, heads=lambda t, x: head_inputs(model, t, x))
 
 
-def model_of_run(run: str | Path) -> Any:
-    """Load the model named in a trace run's config (random weights and seed included)."""
+def model_of_run(run: str | Path, *, device: str = "cpu") -> Any:
+    """Load the model named in a trace run's config (random weights and seed included)
+    onto ``device``."""
     config = read_run_info(run).config
     if not config.get("model", {}).get("name"):
         raise UserError(f"run '{run}' names no model")
-    return ModelSpec.from_run(config).load()
+    return ModelSpec.from_run(config, device=device).load()
 
 
 def simulate_from_run(

@@ -443,7 +443,7 @@ def evaluate_steering(
     if n < 1 or validation < 1 or fit < 2 or shots < 0:
         raise UserError(
             "need at least 1 test, 1 validation and 2 fit problems (and no negative --shots)",
-            "raise --n / --validation / --fit",
+            "raise --test / --validation / --fit",
         )
     for flag, value in (("--controls", controls), ("--shuffles", shuffles), ("--halves", halves)):
         if value < 1:

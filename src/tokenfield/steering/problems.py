@@ -171,7 +171,7 @@ def make_splits(
     if max_operand < 2:
         raise UserError(f"--max-operand must be at least 2, got {max_operand}", "raise it")
     if any(size < 0 for size in sizes.values()):
-        raise UserError("split sizes must not be negative", "check --n, --fit, --validation")
+        raise UserError("split sizes must not be negative", "check --test, --fit, --validation")
     need = {t: 0 for t in templates}
     for size in sizes.values():
         for i in range(size):
@@ -182,7 +182,7 @@ def make_splits(
             raise UserError(
                 f"{count} '{template}' problems are needed but only {room} distinct math "
                 f"forms exist with operands up to {max_operand}",
-                "raise --max-operand, add templates, or lower --n / --fit / --validation",
+                "raise --max-operand, add templates, or lower --test / --fit / --validation",
             )
     rng = random.Random(seed)
     seen: set[str] = set()

@@ -87,7 +87,7 @@ class SteeringVector:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise UserError(
                 f"'{path}' is not a tokenfield steering vector ({reason})",
-                "write one with 'tokenfield steer'",
+                "write one with 'tokenfield steer vector'",
             ) from None
 
     def check_model(self, model: Any) -> None:
