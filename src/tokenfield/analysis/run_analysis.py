@@ -18,6 +18,7 @@ import xarray as xr
 
 from tokenfield._io import to_jsonable
 from tokenfield.analysis.kinematics import kinematics
+from tokenfield.analysis.metrics import summary_rows  # noqa: F401 (the analyze command's table)
 from tokenfield.analysis.nulls import ALPHA, claim_status
 from tokenfield.analysis.projection import (
     PROJECTION_NPZ,
@@ -407,80 +408,6 @@ def _particle_rows(result: RunAnalysis) -> list[dict[str, Any]]:
             row["joined"] = bif["joined"].values[p]
         rows.append(row)
     return rows
-
-
-def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str | None]]:
-    """(name, value, baseline value) rows for the short summary table."""
-
-    def rows_of(m: dict[str, Any]) -> dict[str, str]:
-        out: dict[str, str] = {}
-        info = m.get("info", {})
-        step = "layer" if info.get("kind", "trace") == "trace" else "time"
-        unit = "prompt" if info.get("kind", "trace") == "trace" else "particle"
-        out["particles x time steps"] = f"{info.get('n_particles')} x {info.get('n_time')}"
-        ratio = m.get("projection", {}).get("explained_variance_ratio") or []
-        if ratio:
-            out["explained variance PC1 / PC2"] = " / ".join(_fmt(r, "{:.1%}") for r in ratio[:2])
-        depth = m.get("depth_ordering", {})
-        by_times = depth.get("by_times") or {}
-        if len(by_times) > 1:
-            for name in ("seed", "all"):
-                if name in by_times:
-                    label = "0..L-1, as the seed" if name == "seed" else "0..L"
-                    out[f"Spearman(PC1, {step}) overall / median, {step}s {label}"] = (
-                        f"{_fmt(by_times[name].get('overall_spearman'))} / "
-                        f"{_fmt(by_times[name].get('median_spearman'))}"
-                    )
-        else:
-            out[f"Spearman(PC1, {step}) overall"] = _fmt(depth.get("overall_spearman"))
-            out[f"Spearman(PC1, {step}) median per {unit}"] = _fmt(depth.get("median_spearman"))
-        kin = m.get("kinematics", {})
-        out[f"most common fastest {step} (relative step)"] = _fmt(
-            kin.get("most_common_fastest_relative_step"), "{}"
-        )
-        turning = [v for v in kin.get("mean_turning_angle_deg") or [] if v is not None]
-        if turning:
-            out["mean turning angle (deg)"] = _fmt(float(np.mean(turning)), "{:.1f}")
-        sep = m.get("separation")
-        if sep:
-            best = sep["best"]
-            out[f"best silhouette ({step})"] = (
-                f"{_fmt(best['silhouette'])} ({_fmt(best['time'], '{}')})"
-            )
-            out[f"  null 97.5% / p at that {step}"] = (
-                f"{_fmt(best['silhouette_null_high'])} / {_fmt(best['silhouette_p'], '{:.3g}')}"
-            )
-            if best.get("silhouette_p_corrected") is not None:
-                out[f"  p corrected for the best of {sep_len(sep)} {step}s"] = (
-                    f"{_fmt(best['silhouette_p_corrected'], '{:.3g}')}: categories separate: "
-                    f"{best.get('claim') or claim_status(best['silhouette_p_corrected'])}"
-                )
-        bif = m.get("bifurcation")
-        if bif:
-            out["prompts that leave their category"] = str(bif.get("n_left_category"))
-        final = (m.get("simulation") or {}).get("final")
-        if isinstance(final, dict):
-            out["final cluster count"] = _fmt(final.get("cluster_count"), "{}")
-            out["final energy"] = _fmt(final.get("energy"), "{:.4g}")
-        return out
-
-    main = rows_of(metrics)
-    base = rows_of(metrics["baseline"]) if metrics.get("baseline") else None
-    return [(name, value, base.get(name) if base else None) for name, value in main.items()]
-
-
-def sep_len(sep: dict[str, Any]) -> int:
-    """How many time steps the best separation was chosen from."""
-    return len(sep.get("time") or [])
-
-
-def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
-    if value is None:
-        return "n/a"
-    try:
-        return pattern.format(value)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def __getattr__(name: str):
