@@ -159,6 +159,8 @@ class SeparationSummary:
     seed: int | None = None
     null_quantiles: Series | None = None
     metric: str | None = None
+    shuffle_unit: str | None = None
+    shuffled_units: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -306,8 +308,8 @@ def _hint_name(hint: Any) -> str:
 
 def _build(cls: Any, data: Any, where: str, source: str) -> Any:
     if not isinstance(data, dict):
-        name = f"'{where}'" if where else "the file"
-        raise _malformed(source, "", f"{name} should be a JSON object, got {_type_name(data)}")
+        name = f"'{where}'" if where else ""
+        raise _malformed(source, name, f"should be a JSON object, got {_type_name(data)}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
     values: dict[str, Any] = {}

@@ -132,13 +132,16 @@ def read_metrics(path: str | Path) -> Metrics:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(
             f"{file} is not valid JSON ({exc})",
-            f"run 'tokenfield analyze {file.parent}' again to rewrite it",
+            f"run 'tokenfield analyze {file.parent}' again",
         ) from None
     except OSError as exc:
         raise UserError(
             f"cannot read {file} ({exc.strerror or type(exc).__name__})", "check the run"
         ) from None
-    return Metrics.from_dict(data, source=str(file))
+    try:
+        return Metrics.from_dict(data, source=str(file))
+    except UserError as exc:
+        raise UserError(exc.problem, f"run 'tokenfield analyze {file.parent}' again") from None
 
 
 def _gather(path: Path, overlays: Sequence[Overlay]) -> RunPage:
