@@ -36,21 +36,15 @@ from tokenfield.report.tables import (
     summary_table,
 )
 from tokenfield.report.views import page_script
+from tokenfield.runs import FIGURE_ANIMATIONS, FIGURE_STEMS, LENS_FIGURE_PREFIX
 from tokenfield.viz.theory import CAPTIONS as THEORY_CAPTIONS
 
 #: A figure: (MIME type, the file's bytes).
 Image = tuple[str, bytes]
 
-FIGURE_ORDER = (
-    "trajectories",
-    "thought_evolution",
-    "pcs_vs_layer",
-    "speed",
-    "separation",
-    "centroid_distances",
-    "trajectories_per_layer",
-    "trajectories_baseline",
-)
+# The analysis's figures in the order run directories name them, the animation right
+# after the paths it grows; a figure not named here comes after them, by name.
+FIGURE_ORDER = (FIGURE_STEMS[0], FIGURE_ANIMATIONS[0].removesuffix(".gif"), *FIGURE_STEMS[1:])
 CAPTIONS = {
     "trajectories": "Paths in the PCA plane (circle: first time step, square: last).",
     "thought_evolution": "The paths growing one time step per frame.",
@@ -61,7 +55,7 @@ CAPTIONS = {
     "trajectories_per_layer": "Each layer in its own PCA plane.",
     "trajectories_baseline": "The baseline run in its own PCA plane.",
 }
-THEORY_PREFIX = "theory_"
+THEORY_PREFIX = LENS_FIGURE_PREFIX
 NOTES = """
 <p class="note"><b>How to read the numbers.</b> Distances are cosine distances.
 <i>Spearman(PC1, layer)</i>: rank correlation of PC1 with the layer index (1: PC1 is depth).
