@@ -96,7 +96,7 @@ def synthetic_report(folder: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
 
-    from tokenfield.report import write_report
+    from tokenfield.pipelines.report import write_report
 
     states, labels = clustered(n_per_category=5, n_time=31, n_feature=576)
     run = write_run(folder / "run", trace_dataset(states, labels))

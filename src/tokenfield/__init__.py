@@ -60,7 +60,7 @@ _EXPORTS: dict[str, str] = {
     "separation": "tokenfield.analysis.separation",
     "bifurcation": "tokenfield.analysis.separation",
     "centroid_distances": "tokenfield.analysis.separation",
-    "write_report": "tokenfield.report.html",
+    "write_report": "tokenfield.pipelines.report",
     "growth_rates": "tokenfield.meanfield.stability",
     "stability_spectrum": "tokenfield.meanfield.stability",
     "most_unstable_mode": "tokenfield.meanfield.stability",

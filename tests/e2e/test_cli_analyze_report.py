@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
 from tokenfield.analysis import load_projection, project
-from tokenfield.report import write_report
+from tokenfield.pipelines.report import write_report
 from tokenfield.runs import open_run
 
 

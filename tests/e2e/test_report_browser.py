@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
-from tokenfield.report import write_report
+from tokenfield.pipelines.report import write_report
 from tokenfield.runs import strings
 
 CHROMIUM = Path("/usr/bin/chromium")

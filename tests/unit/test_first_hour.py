@@ -284,7 +284,7 @@ def test_long_commands_report_their_stages(tmp_path):
     from tokenfield._progress import Stages
     from tokenfield.meanfield.metastability import metastability
     from tokenfield.pipelines.analyze import analyze_run
-    from tokenfield.report import write_report
+    from tokenfield.pipelines.report import write_report
 
     states, labels = clustered(n_per_category=2, n_time=6, n_feature=16)
     run = write_run(tmp_path / "run", trace_dataset(states, labels))
@@ -322,7 +322,8 @@ def test_stages_are_silent_outside_a_command_and_off_a_terminal(tmp_path, capsys
 
 
 def test_time_slider_labels_are_evenly_spaced():
-    from tokenfield.report.interactive import even_steps, simulation_figures
+    from tokenfield.report.interactive import even_steps
+    from tokenfield.report.simulation import simulation_figures
 
     times = np.arange(201) * 0.02  # 0 .. 4, saved every 0.02
     states = np.random.default_rng(0).normal(size=(201, 6, 3))

@@ -87,8 +87,8 @@ def test_the_corrected_false_positive_rate_holds_on_200_null_datasets():
 
 
 def test_the_summary_and_the_report_state_the_claim_on_the_corrected_p():
-    from tokenfield.analysis import analyze, summary_rows
-    from tokenfield.report.html import _separation_table
+    from tokenfield.analysis import Metrics, analyze, summary_rows
+    from tokenfield.report.tables import separation_table
 
     rng = np.random.default_rng(5)
     states, labels = _noise_trajectories(rng)
@@ -104,7 +104,7 @@ def test_the_summary_and_the_report_state_the_claim_on_the_corrected_p():
         assert set(best) >= {"silhouette_p_corrected", "ratio_p_corrected"}
         text = " ".join(f"{name} {value}" for name, value, _ in summary_rows(metrics))
         assert f"categories separate: {claim}" in text
-        assert f"Categories separate: {claim}" in _separation_table(metrics)
+        assert f"Categories separate: {claim}" in separation_table(Metrics.from_dict(metrics))
     assert effect_metrics["separation"]["best"]["time"] == 6
 
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 
 from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
-from tokenfield.report import write_report
+from tokenfield.pipelines.report import write_report
 from tokenfield.report.interactive import bulk_ranges
 
 

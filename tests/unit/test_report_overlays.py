@@ -12,8 +12,7 @@ import pytest
 from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
 from tokenfield.cli import main
 from tokenfield.errors import UserError
-from tokenfield.report import write_report
-from tokenfield.report.html import parse_overlay
+from tokenfield.pipelines.report import parse_overlay, write_report
 
 
 def payloads(path) -> dict[str, dict]:

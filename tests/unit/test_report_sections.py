@@ -4,7 +4,7 @@ import pytest
 
 from tests.unit.synthetic_trajectories import split_groups, trace_dataset, write_run
 from tokenfield.errors import UserError
-from tokenfield.report.html import write_report
+from tokenfield.pipelines.report import write_report
 
 
 def test_sections_are_appended_and_sections_alone_are_enough(tmp_path):

@@ -5,6 +5,8 @@
 - :mod:`~tokenfield.analysis.separation`: category separation with a permutation
   null, bifurcation layers, centroid distances.
 - :mod:`~tokenfield.analysis.run_analysis`: all of it on one run (``analyze``).
+- :mod:`~tokenfield.analysis.metrics`: ``metrics.json`` read back, typed (``Metrics.from_dict``).
+- :mod:`~tokenfield.analysis.alignment`: one model's states rotated onto another's.
 
 Nothing here opens or writes files, loads a model or draws: the workflows that do
 (``analyze_run`` writes ``metrics.json`` and the figures) are :mod:`tokenfield.pipelines`.
@@ -13,6 +15,7 @@ Nothing here opens or writes files, loads a model or draws: the workflows that d
 from __future__ import annotations
 
 from tokenfield.analysis.kinematics import kinematics, vector_angle
+from tokenfield.analysis.metrics import Metrics, summary_rows
 from tokenfield.analysis.projection import (
     PROJECTION_NPZ,
     DepthOrdering,
@@ -27,7 +30,6 @@ from tokenfield.analysis.run_analysis import (
     analyze,
     display_labels,
     select_particles,
-    summary_rows,
 )
 from tokenfield.analysis.separation import (
     bifurcation,
@@ -39,6 +41,7 @@ from tokenfield.analysis.separation import (
 __all__ = [
     "PROJECTION_NPZ",
     "DepthOrdering",
+    "Metrics",
     "Projection",
     "RunAnalysis",
     "analyze",

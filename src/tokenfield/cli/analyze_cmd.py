@@ -83,7 +83,7 @@ def analyze_command(
 
     from tokenfield._progress import Stages
     from tokenfield._progress import console as make_console
-    from tokenfield.analysis.run_analysis import summary_rows
+    from tokenfield.analysis.metrics import summary_rows
     from tokenfield.errors import UserError
     from tokenfield.pipelines.analyze import analyze_run
     from tokenfield.runs import read_run_info

@@ -57,7 +57,7 @@ def demo_command(
     from tokenfield.models.load import ModelSpec
     from tokenfield.models.trace import trace
     from tokenfield.pipelines.analyze import analyze_run
-    from tokenfield.report import write_report
+    from tokenfield.pipelines.report import write_report
 
     console = make_console(stderr=True)  # progress; the report's path goes to stdout
     started = time.perf_counter()

@@ -68,11 +68,10 @@ def report_command(
 
     from tokenfield._progress import Stages
     from tokenfield._progress import console as make_console
-    from tokenfield.report.html import unanalysed_runs, write_report
+    from tokenfield.pipelines.report import parse_overlay, unanalysed_runs, write_report
     from tokenfield.runs import read_run_info
 
     started = time.perf_counter()
-    from tokenfield.report.html import parse_overlay
 
     for run in [*(runs or []), *(parse_overlay(o)[0] for o in overlay or [])]:
         read_run_info(run)  # a clear error before any work
