@@ -12,7 +12,7 @@ from tests.integration.tiny import PROMPTS, tiny_loaded
 from tokenfield.analysis.flow import VARIANTS, attention_flow, flow_states, mlps_removed
 from tokenfield.errors import UserError
 from tokenfield.models.load import wrap_model
-from tokenfield.models.trace import trace
+from tokenfield.pipelines.trace import trace
 
 FAMILIES = ("llama", "gemma3")
 

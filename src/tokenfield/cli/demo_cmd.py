@@ -46,8 +46,8 @@ def demo_command(
 
     from tokenfield._progress import console as make_console
     from tokenfield.models.load import ModelSpec
-    from tokenfield.models.trace import trace
     from tokenfield.pipelines.analyze import analyze_run
+    from tokenfield.pipelines.trace import trace
     from tokenfield.report import write_report
 
     console = make_console(stderr=True)  # progress; the report's path goes to stdout

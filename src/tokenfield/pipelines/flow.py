@@ -31,7 +31,7 @@ from tokenfield.analysis.flow import (
 )
 from tokenfield.errors import UserError
 from tokenfield.models.load import wrap_model
-from tokenfield.models.trace import trace
+from tokenfield.pipelines.trace import trace
 from tokenfield.prompts import as_prompts
 from tokenfield.runs import write_json_atomic
 from tokenfield.viz.flow import flow_html_section, plot_flow

@@ -15,7 +15,7 @@ import xarray as xr
 
 from tokenfield._progress import ProgressBar
 from tokenfield.analysis.projection import fit_projection, project
-from tokenfield.models.trace import trace
+from tokenfield.pipelines.trace import trace
 from tokenfield.steering.closed_loop import _top5, category_centroids, progress_toward
 from tokenfield.steering.generate import greedy_continuations, next_token_logprobs
 from tokenfield.steering.hooks import steering
