@@ -3,12 +3,18 @@
 Every module under ``src/tokenfield`` is parsed (``ast``, function-local imports
 included) and each ``tokenfield`` import becomes an arrow between two packages.
 An arrow may stay on its floor or go down; it may never go up, and the arrows
-between packages may not close a cycle. The floors are written once, here, and
-drawn in ``docs/architecture.md``.
+between packages may not close a cycle. Inside one package the arrows between its
+modules (function-local imports included) may not close a cycle either: an import
+hidden in a function is still a dependency, and two modules that need each other
+are one concern in two files. The floors are written once, here, and drawn in
+``docs/architecture.md``.
 
 Two things are not arrows: a module-level ``__getattr__`` (the lazy alias that keeps
 an old import path working after a function moved up to ``pipelines``), and the
 entries of ``PENDING``, each of which must still exist (a fixed one must be removed).
+A module-level ``__getattr__`` is allowed only in the public facade
+(``tokenfield/__init__.py``): "go to definition" must land where a name is
+defined. The shims that still exist are listed in ``PENDING_GETATTR``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,21 @@ LEVEL = {package: len(FLOORS) - i for i, floor in enumerate(FLOORS) for package 
 
 # Known arrows that break the floors, each with the change that removes it.
 PENDING: dict[tuple[str, str], str] = {}
+
+# The one module that may define a module-level __getattr__: the lazy public facade.
+FACADE = "tokenfield"
+
+# Known module-level __getattr__ re-exports (old import paths kept after a function
+# moved up to pipelines/), each with the change that removes it. Issue 22's
+# "one-home" change deletes all six; clear this list when it is merged.
+PENDING_GETATTR: dict[str, str] = {
+    "tokenfield.analysis": "issue 22 one-home: delete the shim (analyze_run moved to pipelines)",
+    "tokenfield.analysis.flow": "issue 22 one-home: delete the shim (attention_flow moved)",
+    "tokenfield.analysis.run_analysis": "issue 22 one-home: delete the shim (analyze_run)",
+    "tokenfield.analysis.theory": "issue 22 one-home: delete the shim (theory_lens moved)",
+    "tokenfield.meanfield.conformance": "issue 22 one-home: delete the shim (run_suite moved)",
+    "tokenfield.steering.closed_loop": "issue 22 one-home: delete the shim (closed_loop moved)",
+}
 
 
 def module_name(path: Path) -> str:
@@ -126,6 +147,35 @@ def _package_cycle(edges: list[tuple[str, str, int]]) -> list[str]:
         a, b = package_of(source), package_of(target)
         if a != b and (source, target) not in PENDING:
             graph.setdefault(a, set()).add(b)
+    return _cycle(graph)
+
+
+def _module_cycle(edges: list[tuple[str, str, int]]) -> list[str]:
+    """One cycle between the modules of one package (function-local imports
+    included), as a list of modules, or ``[]``."""
+    graph: dict[str, set[str]] = {}
+    for source, target, _ in edges:
+        if source != target and package_of(source) == package_of(target):
+            graph.setdefault(source, set()).add(target)
+    return _cycle(graph)
+
+
+def defines_getattr(path: Path) -> bool:
+    """Whether the file defines a module-level ``__getattr__`` (a lazy re-export)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "__getattr__"
+        for node in tree.body
+    )
+
+
+def getattr_modules(root: Path = SRC) -> list[str]:
+    """The modules that define a module-level ``__getattr__``."""
+    return sorted(module_name(p) for p in root.rglob("*.py") if defines_getattr(p))
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` (``node -> successors``) as a list of nodes, or ``[]``."""
     state: dict[str, int] = {}  # 1: on the stack, 2: done
     stack: list[str] = []
 
@@ -160,6 +210,25 @@ def test_no_cycle_between_packages():
     assert _package_cycle(arrows()) == []
 
 
+def test_no_cycle_between_modules_of_a_package():
+    """E.g. models/trace.py importing models/parallel.py inside a function while
+    parallel.py imports trace.py: the two are one concern, or one of them is in
+    the wrong place."""
+    assert _module_cycle(arrows()) == []
+
+
+def test_no_getattr_reexports_outside_the_facade():
+    assert set(getattr_modules()) - {FACADE} - set(PENDING_GETATTR) == set(), (
+        "a module-level __getattr__ hides where a name is defined: import it from its home"
+    )
+
+
+@pytest.mark.parametrize("pending", sorted(PENDING_GETATTR))
+def test_pending_getattr_shims_still_exist(pending):
+    """A shim that is gone must leave PENDING_GETATTR (so the rule tightens)."""
+    assert pending in getattr_modules(), f"{pending} has no __getattr__ any more: remove it"
+
+
 @pytest.mark.parametrize("pending", sorted(PENDING))
 def test_pending_exceptions_still_exist(pending):
     """A PENDING arrow that is gone must leave the list (so the floors tighten)."""
@@ -185,6 +254,25 @@ def test_the_checker_sees_function_local_imports_and_cycles(tmp_path):
         ["analysis", "meanfield", "analysis"],
         ["meanfield", "analysis", "meanfield"],
     )
+    # a cycle inside one package through a function-local import (the old
+    # models/trace.py <-> models/parallel.py), and none across packages
+    inside = [("tokenfield.models.trace", "tokenfield.models.parallel", 640),
+              ("tokenfield.models.parallel", "tokenfield.models.trace", 262),
+              ("tokenfield.models.trace", "tokenfield.runs", 58)]  # fmt: skip
+    assert _module_cycle(inside) in (
+        ["tokenfield.models.parallel", "tokenfield.models.trace", "tokenfield.models.parallel"],
+        ["tokenfield.models.trace", "tokenfield.models.parallel", "tokenfield.models.trace"],
+    )
+    assert _package_cycle(inside) == [] and _module_cycle(loop) == []
+
+
+def test_the_checker_sees_getattr_reexports(tmp_path):
+    """A module-level __getattr__ is found; one inside a class or function is not."""
+    shim = tmp_path / "shim.py"
+    shim.write_text("def __getattr__(name):\n    from tokenfield.pipelines import analyze\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("class A:\n    def __getattr__(self, name):\n        return 1\n")
+    assert defines_getattr(shim) and not defines_getattr(plain)
 
 
 # Old import paths of functions that moved up to pipelines/ or viz/, and where they live now.
