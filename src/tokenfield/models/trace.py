@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from tokenfield._progress import ProgressBar
 from tokenfield.models.attention import (
     VARIABLES,
     AttentionCapture,
@@ -188,20 +189,23 @@ class Tracer:
 
 
 def trace_in_memory(
-    model: LoadedModel, config: TraceConfig, encoded: Sequence[Encoded] | None = None
+    model: LoadedModel, config: TraceConfig, *, progress: bool = False
 ) -> xr.Dataset:
-    """Every batch of ``config``'s prompts (or of ``encoded``), as one Dataset.
+    """Every batch of ``config``'s prompts, as one Dataset (``progress``: a bar).
 
     Its ``attrs`` carry the run config, as a run's would (``run``, ``kind``).
     """
-    encoded = encode(model, config) if encoded is None else encoded
+    encoded = encode(model, config)
     pieces: list[xr.Dataset] = []
     particles = 0
-    with Tracer(model, config) as tracer:
+    bar = ProgressBar(f"tracing {model.name}", len(encoded), enabled=progress, unit="prompts")
+    with bar, Tracer(model, config) as tracer:
         for first in range(0, len(encoded), config.batch_size):
-            piece = tracer.batch(encoded[first : first + config.batch_size], first, particles)
+            batch = encoded[first : first + config.batch_size]
+            piece = tracer.batch(batch, first, particles)
             particles += piece.sizes["particle"]
             pieces.append(piece)
+            bar.advance(len(batch))
     # one numpy concatenation per variable (the pieces share everything but particles)
     result = concat_pieces(pieces, "particle")
     run_config = config.run_config(model)

@@ -198,6 +198,24 @@ def trace_shard(
 # The client's side
 
 
+def trace_writer(
+    out: str | Path, model: LoadedModel, config: TraceConfig, *, overwrite: bool, **flush: Any
+) -> RunWriter:
+    """The run ``out`` of a trace of ``model`` with ``config``, created or reopened
+    (a partial run with another config, batch size or weights is refused);
+    ``flush``: :class:`~tokenfield.runs.RunWriter`'s buffering options."""
+    return RunWriter(
+        out,
+        "trace",
+        config.run_config(model),
+        append_dim="particle",
+        overwrite=overwrite,
+        batch_size=config.batch_size,
+        weights_sha256=model.weights_sha256,
+        **flush,
+    )
+
+
 def template(piece: xr.Dataset, n_particles: int, chunk: int) -> xr.Dataset:
     """The full-size Dataset: ``piece``'s variables with ``particle`` grown to
     ``n_particles`` in chunks of ``chunk`` (lazy zeros, written by nobody: the
@@ -301,15 +319,7 @@ def trace_parallel(
 
         client = connect(scheduler)
     try:
-        writer = RunWriter(
-            out,
-            "trace",
-            config.run_config(client_model),
-            append_dim="particle",
-            overwrite=overwrite,
-            batch_size=config.batch_size,
-            weights_sha256=client_model.weights_sha256,
-        )
+        writer = trace_writer(out, client_model, config, overwrite=overwrite)
     except BaseException:
         if client is not None:
             client.close()

@@ -32,9 +32,9 @@ from tokenfield.models.batching import Positions
 from tokenfield.models.load import LoadedModel, ModelSpec, load_model
 from tokenfield.models.trace import Tracer, encode, trace_in_memory
 from tokenfield.models.trace_config import TraceConfig
-from tokenfield.pipelines.shards import trace_parallel
+from tokenfield.pipelines.shards import trace_parallel, trace_writer
 from tokenfield.prompts import Prompt
-from tokenfield.runs import TRAJECTORY, RunWriter, check_writable_dir, open_run
+from tokenfield.runs import TRAJECTORY, check_writable_dir, open_run
 
 __all__ = ["FLUSH_SECONDS", "flush_seconds", "run", "trace"]
 
@@ -190,7 +190,7 @@ def run(
     if out is None:
         loaded = _loaded(model, progress)
         config.check_model(loaded)
-        return trace_in_memory(loaded, config)
+        return trace_in_memory(loaded, config, progress=progress)
     check_writable_dir(Path(out))
     with writer_lock(out, what="run"):  # a second writer fails here, before loading
         if config.parallel:  # the client loads no weights
@@ -218,14 +218,11 @@ def _trace_into(
 ) -> xr.Dataset:
     """Stream the batches into the run ``out``, from where a partial run stopped."""
     encoded = encode(model, config)
-    writer = RunWriter(
+    writer = trace_writer(
         out,
-        "trace",
-        config.run_config(model),
-        append_dim="particle",
+        model,
+        config,
         overwrite=overwrite,
-        batch_size=config.batch_size,
-        weights_sha256=model.weights_sha256,
         flush_seconds=flush_seconds(),
         background=True,  # the store is written while the next batches run
     )
