@@ -174,11 +174,6 @@ def trace_command(
     from tokenfield.models.trace_config import TraceConfig
     from tokenfield.pipelines.trace import run
 
-    steering = None
-    if steer is not None:
-        from tokenfield.steering.vectors import SteeringVector
-
-        steering = (SteeringVector.load(steer), alpha, steer_positions)
     config = TraceConfig(
         prompts,
         positions=positions,  # type: ignore[arg-type]
@@ -188,11 +183,15 @@ def trace_command(
         attention=attention,
         logit_lens=logit_lens,
         generate=generate,
-        steer=steering,
+        steer=None if steer is None else (steer, alpha, steer_positions),
         store_dtype=store_dtype,
         workers=workers,
         scheduler=scheduler,
-    )
+    )  # every option checked before the vector file is read
+    if steer is not None:
+        from tokenfield.steering.vectors import SteeringVector
+
+        config = config.replace(steer=(SteeringVector.load(steer), alpha, steer_positions))
     placed = device_map is not None or max_memory is not None or offload_folder is not None
     spec = ModelSpec(
         model,

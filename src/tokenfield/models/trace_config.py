@@ -42,7 +42,9 @@ class TraceConfig:
         attention, logit_lens, lens_k: the optional read-outs.
         generate: greedy tokens generated after each prompt.
         steer: ``(vector, alpha, positions)`` or ``None``; ``vector`` is a
-            :class:`~tokenfield.steering.vectors.SteeringVector`.
+            :class:`~tokenfield.steering.vectors.SteeringVector` (only ``positions``
+            is checked on construction: the vector is first used by
+            :meth:`check_model`, so a caller may check the options before reading it).
         store_dtype: ``"float32"`` or ``"float16"``.
         workers, scheduler: trace on Dask workers (a local cluster of ``workers``
             processes, or the running scheduler at ``scheduler``); they decide
