@@ -61,7 +61,9 @@ def cpu_mode(args: argparse.Namespace) -> dict:
     from dask.distributed import LocalCluster
 
     import tokenfield as tf
-    from tokenfield.models.parallel import LoadSpec, ParallelReport, trace_parallel
+    from tokenfield.models.load import ModelSpec
+    from tokenfield.models.trace_config import TraceConfig
+    from tokenfield.pipelines.shards import ParallelReport, trace_parallel
 
     prompts = _prompts(args.prompts, args.copies)
     options = {"positions": args.positions, "batch_size": args.batch_size}
@@ -98,13 +100,11 @@ def cpu_mode(args: argparse.Namespace) -> dict:
             if name == "warm":
                 start = time.perf_counter()
             parallel = trace_parallel(
-                LoadSpec(args.model, random_weights=args.random_weights),
-                prompts,
+                ModelSpec(args.model, random_weights=args.random_weights),
+                TraceConfig(prompts, scheduler=cluster.scheduler_address, **options),
                 out=root / name,
-                scheduler=cluster.scheduler_address,
                 threads=threads,
                 report=report,
-                **options,
             )
             timings[name] = time.perf_counter() - start
     a, b = matched.states.values, parallel.states.values

@@ -826,7 +826,7 @@ def make_runs(model: str, directory: Path) -> None:
     """Trace what `tokenfield demo --model MODEL --out DIRECTORY` traces (no analysis),
     and the replication sets the same way."""
     from tokenfield.models.load import load_model
-    from tokenfield.models.trace import trace
+    from tokenfield.pipelines.trace import trace
 
     loaded = random_copy = None
     for name in (*SETS, *REPLICATION.values()):

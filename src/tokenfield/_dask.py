@@ -1,5 +1,7 @@
 """The one way tokenfield reaches Dask: a scheduler's address checked, its handshake
-bounded, and a local cluster that listens on loopback only.
+bounded, a local cluster that listens on loopback only, and :func:`run_tasks`, the
+one cluster lifecycle (start or reuse a client, submit, collect as completed, close)
+that the sharded trace and the mean-field sweeps share.
 
 ``distributed`` bounds the TCP connect but not the handshake that follows it: an
 address that accepts a connection and never answers (a wrong port, a proxy, a
@@ -15,7 +17,9 @@ address (a malformed one, an unknown or a TLS scheme, no answer) is a
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tokenfield.errors import UserError
@@ -27,6 +31,7 @@ __all__ = [
     "connect",
     "local_cluster",
     "reach_scheduler",
+    "run_tasks",
 ]
 
 #: Seconds to connect to a scheduler and hear its handshake.
@@ -139,3 +144,58 @@ def local_cluster(
         dashboard_address=f"{LOOPBACK}:0" if dashboard else None,
         **kwargs,
     )
+
+
+def run_tasks(
+    tasks: Sequence[tuple[str | None, Callable[..., Any], tuple[Any, ...]]],
+    on_result: Callable[[Any], Any],
+    *,
+    client: Any = None,
+    n_workers: int = 1,
+    processes: bool = False,
+    **cluster: Any,
+) -> tuple[str, list[str]]:
+    """Run ``tasks`` on Dask and hand each result to ``on_result`` as it completes.
+
+    Args:
+        tasks: ``(name, function, args)``; ``name`` (or ``None``) starts the task's
+            key, made unique, so the dashboard says what runs.
+        on_result: called in this process with each task's return value; a task's
+            error is raised here, and the tasks not yet run are cancelled.
+        client: a connected client (:func:`connect`); ``None`` starts a
+            :func:`local_cluster` of ``n_workers`` workers of one thread each
+            (``processes``, and ``cluster``: its other options), closed at the end.
+            The client is closed at the end either way.
+
+    Returns:
+        The scheduler's address and its workers' addresses (sorted).
+    """
+    from dask.distributed import Client, as_completed
+
+    local = None
+    try:
+        if client is None:
+            local = local_cluster(
+                max(1, int(n_workers)), processes=processes, threads_per_worker=1, **cluster
+            )
+            client = Client(local)
+        with client:
+            futures = [
+                client.submit(
+                    function,
+                    *args,
+                    pure=False,
+                    **({"key": f"{name}-{os.urandom(4).hex()}"} if name else {}),
+                )
+                for name, function, args in tasks
+            ]
+            try:
+                for future in as_completed(futures):
+                    on_result(future.result())  # a task's error surfaces here
+            finally:
+                for future in futures:
+                    future.cancel()
+            return client.scheduler.address, sorted(client.scheduler_info()["workers"])
+    finally:
+        if local is not None:
+            local.close()

@@ -13,7 +13,7 @@ from tokenfield.analysis.flow import VARIANTS
 from tokenfield.errors import UserError
 from tokenfield.models.load import wrap_model
 from tokenfield.models.surgery import mlps_removed
-from tokenfield.models.trace import trace
+from tokenfield.pipelines.trace import trace
 from tokenfield.pipelines.flow import attention_flow, flow_states
 
 FAMILIES = ("llama", "gemma3")

@@ -1,4 +1,4 @@
-"""Data-parallel tracing (tokenfield.models.parallel): prompts sharded over Dask
+"""Data-parallel tracing (tokenfield.pipelines.shards): prompts sharded over Dask
 worker processes into regions of one Zarr store equal a single-process trace.
 
 Worker processes start slowly on a small machine, so one cluster of two
@@ -19,7 +19,8 @@ import tokenfield as tf
 from tests._cli import run_cli
 from tests.integration.tiny import PROMPTS, save_tiny
 from tokenfield.errors import UserError
-from tokenfield.models.parallel import ParallelReport, plan_shards, trace_parallel
+from tokenfield.models.trace_config import TraceConfig
+from tokenfield.pipelines.shards import ParallelReport, plan_shards, trace_parallel
 
 MANY = [f"{text} {word}" for word in ("one", "two", "more") for text in PROMPTS]  # 18 prompts
 
@@ -56,9 +57,8 @@ def test_workers_equal_single_process(cluster, models, tmp_path, kind, positions
     options = {"positions": positions, "batch_size": 2}
     single = tf.trace(tf.load_model(spec), MANY, out=tmp_path / "single", **options)
     report = ParallelReport()
-    parallel = trace_parallel(
-        spec, MANY, out=tmp_path / "par", scheduler=cluster, n_shards=4, report=report, **options
-    )
+    config = TraceConfig(MANY, scheduler=cluster, **options)
+    parallel = trace_parallel(spec, config, out=tmp_path / "par", n_shards=4, report=report)
     assert report.shards >= 3 and sorted(report.shards_run) == list(range(report.shards))
     assert len(report.workers) == 2
     same_run(single, parallel)
@@ -73,9 +73,9 @@ def test_workers_equal_single_process(cluster, models, tmp_path, kind, positions
 
 
 def _loads_of(spec: str) -> int:
-    from tokenfield.models.parallel import LOADS
+    from tokenfield.pipelines.shards import LOADS
 
-    return sum(count for key, count in LOADS.items() if key.spec == spec)
+    return sum(count for key, count in LOADS.items() if key.name == spec)
 
 
 def test_read_outs_and_public_api(cluster, models, tmp_path):
@@ -127,15 +127,15 @@ def test_killed_client_resumes_only_missing_shards(cluster, models, tmp_path):
             raise Killed
 
     with pytest.raises(Killed):
-        trace_parallel(
-            spec, MANY, out=out, scheduler=cluster, n_shards=5, on_shard=die_after_two, **options
-        )
+        config = TraceConfig(MANY, scheduler=cluster, **options)
+        trace_parallel(spec, config, out=out, n_shards=5, on_shard=die_after_two)
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "partial"
     assert sorted(info["progress"]["shards"]["done"]) == sorted(recorded)
     assert not (out / ".tokenfield.lock").exists()  # the client let go of the lock
     report = ParallelReport()
-    resumed = trace_parallel(spec, MANY, out=out, scheduler=cluster, report=report, **options)
+    config = TraceConfig(MANY, scheduler=cluster, **options)
+    resumed = trace_parallel(spec, config, out=out, report=report)
     assert sorted(report.shards_run) == sorted(set(range(5)) - set(recorded))
     a, b = single.load(), resumed.load()
     assert b.attrs["run"]["status"] == "complete"
@@ -154,7 +154,8 @@ def test_single_process_resumes_a_sharded_run(models, tmp_path):
         raise Killed
 
     with pytest.raises(Killed):
-        trace_parallel(loaded, MANY, out=out, local=True, n_shards=3, on_shard=die, **options)
+        config = TraceConfig(MANY, **options)
+        trace_parallel(loaded, config, out=out, local=True, n_shards=3, on_shard=die)
     resumed = tf.trace(loaded, MANY, out=out, **options)
     same_run(tf.trace(loaded, MANY, out=tmp_path / "single", **options), resumed)
 

@@ -80,14 +80,14 @@ def test_library_errors_name_the_parameter():
 
 
 def test_trace_options_are_checked_once_in_the_library(tmp_path, capsys):
-    from tokenfield.models.trace import check_trace_options
+    from tokenfield.models.trace_config import TraceConfig
 
     with pytest.raises(ParameterError, match=r"^unknown positions 'middle'; use 'last' or 'all'"):
-        check_trace_options(positions="middle")
+        TraceConfig(["x"], positions="middle")
     with pytest.raises(ParameterError, match=r"^batch_size must be at least 1, got 0"):
-        check_trace_options(batch_size=0)
+        TraceConfig(["x"], batch_size=0)
     with pytest.raises(ParameterError, match="steer all positions: pass steer_positions all"):
-        check_trace_options(generate=2, steer_positions="last")
+        TraceConfig(["x"], generate=2, steer=(object(), 1.0, "last"))
     code, _out, err = run_cli(["trace", "--batch-size", "0", "--out", tmp_path / "t"], capsys)
     assert code == 2 and "--batch-size must be at least 1, got 0; pass e.g. --batch-size 8" in err
     assert not (tmp_path / "t").exists()  # refused before the model is loaded

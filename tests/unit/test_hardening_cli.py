@@ -191,7 +191,7 @@ def test_generate_beyond_the_context_is_refused_before_loading(tmp_path, generat
 
 def test_generate_after_a_long_prompt_names_the_room_left():
     from tokenfield.errors import ParameterError
-    from tokenfield.models.trace import check_generate_length
+    from tokenfield.models.trace_config import check_generate_length
 
     check_generate_length(54, 64, "m", prompt_tokens=10)  # exactly fills the context
     with pytest.raises(ParameterError, match="55 after a prompt of 10 tokens .* pass generate 54"):

@@ -55,9 +55,9 @@ def demo_command(
 
     from tokenfield._progress import console as make_console
     from tokenfield.models.load import ModelSpec
-    from tokenfield.models.trace import trace
     from tokenfield.pipelines.analyze import analyze_run
     from tokenfield.pipelines.report import write_report
+    from tokenfield.pipelines.trace import trace
 
     console = make_console(stderr=True)  # progress; the report's path goes to stdout
     started = time.perf_counter()

@@ -167,26 +167,31 @@ def trace_command(
     one model over devices, --dtype bfloat16 computes in half precision
     (docs/scaling.md).
     """
-    from tokenfield._progress import console as make_console
+    from tokenfield._progress import console
     from tokenfield.models.load import ModelSpec
-    from tokenfield.models.trace import check_trace_options, trace
-    from tokenfield.prompts import load_prompts
-    from tokenfield.runs import check_writable_dir
+    from tokenfield.models.placement import Placement
+    from tokenfield.models.trace_config import TraceConfig
+    from tokenfield.pipelines.trace import run
 
-    console = make_console(stderr=True)  # progress; the result goes to stdout
-    prompt_list = load_prompts(prompts)  # bad prompt input fails before any loading
-    # the library's own checks, before anything is loaded or written
-    check_trace_options(
-        positions=positions,
+    config = TraceConfig(
+        prompts,
+        positions=positions,  # type: ignore[arg-type]
         batch_size=batch_size,
+        chat=chat,
+        truncate=truncate,
+        attention=attention,
+        logit_lens=logit_lens,
         generate=generate,
-        steer_positions=None if steer is None else steer_positions,
-    )
-    steering = None
+        steer=None if steer is None else (steer, alpha, steer_positions),
+        store_dtype=store_dtype,
+        workers=workers,
+        scheduler=scheduler,
+    )  # every option checked before the vector file is read
     if steer is not None:
         from tokenfield.steering.vectors import SteeringVector
 
-        steering = (SteeringVector.load(steer), alpha, steer_positions)
+        config = config.replace(steer=(SteeringVector.load(steer), alpha, steer_positions))
+    placed = device_map is not None or max_memory is not None or offload_folder is not None
     spec = ModelSpec(
         model,
         dtype=dtype,
@@ -194,86 +199,10 @@ def trace_command(
         random_weights=random_weights,
         seed=seed,
         attn_implementation="eager" if attention else None,
-    )  # a bad --device or --dtype fails here, before the run directory is touched
-    if generate:
-        from tokenfield.models.trace import check_generate_length
-
-        # against the model's config alone, before its weights are loaded
-        check_generate_length(generate, spec.context_length(), model)
-    check_writable_dir(out)
-    from tokenfield._lock import hold_for_command
-    from tokenfield.models.parallel import check_workers
-
-    check_workers(workers, scheduler)
-    placement = None
-    if device_map is not None or max_memory is not None or offload_folder is not None:
-        from tokenfield.models.placement import Placement
-
-        placement = Placement.parse(device_map, max_memory, offload_folder)
-    if store_dtype not in ("float32", "float16"):
-        from tokenfield.errors import UserError
-
-        raise UserError(f"unknown --store-dtype '{store_dtype}'", "use float32 or float16")
-    hold_for_command(out, what="run")  # a second writer fails here, before loading
-    options = {
-        "positions": positions,
-        "batch_size": batch_size,
-        "chat": chat,
-        "truncate": truncate,
-        "attention": attention,
-        "logit_lens": logit_lens,
-        "steer": steering,
-        "store_dtype": store_dtype,
-    }
-    if workers is not None or scheduler is not None:
-        from tokenfield.models.parallel import LoadSpec, trace_parallel
-
-        if generate:
-            from tokenfield.errors import UserError
-
-            raise UserError(
-                "--generate makes a number of particles known only after generating, so "
-                "it cannot be laid out for workers",
-                "drop --workers/--scheduler with --generate",
-            )
-        load_spec = LoadSpec.from_model_spec(spec, **_placement_args(placement))
-        ds = trace_parallel(
-            load_spec,
-            prompt_list,
-            out=out,
-            workers=workers,
-            scheduler=scheduler,
-            overwrite=overwrite,
-            progress=True,
-            **options,
-        )
-        make_console().print(
-            f"[green]traced[/green] {ds.sizes['particle']} particles x {ds.sizes['time']} "
-            f"times x {ds.sizes['feature']} features -> {out}"
-        )
-        return
-    with console.status(f"loading {model}"):
-        loaded = spec.load(**(placement.from_pretrained_kwargs() if placement else {}))
-    ds = trace(
-        loaded,
-        prompt_list,
-        **options,  # type: ignore[arg-type]
-        generate=generate,
-        out=out,
-        overwrite=overwrite,
-        progress=True,
+        placement=Placement.parse(device_map, max_memory, offload_folder) if placed else None,
     )
-    make_console().print(
+    ds = run(spec, config, out=out, overwrite=overwrite, progress=True)
+    console().print(
         f"[green]traced[/green] {ds.sizes['particle']} particles x {ds.sizes['time']} times "
         f"x {ds.sizes['feature']} features -> {out}"
     )
-
-
-def _placement_args(placement) -> dict:
-    """A :class:`Placement` as :class:`LoadSpec` fields."""
-    if placement is None:
-        return {}
-    args = placement.load_args()
-    if args["max_memory"] is not None:
-        args["max_memory"] = tuple(sorted(args["max_memory"].items()))
-    return args

@@ -401,29 +401,24 @@ def _run_dask(
 ) -> None:
     """Run ``tasks`` on ``client`` (a connected scheduler's) or, when it is ``None``,
     on a new in-process cluster of ``n_workers`` threads (loopback, no dashboard)."""
-    from dask.distributed import Client, as_completed
+    from tokenfield._dask import run_tasks
 
-    from tokenfield._dask import local_cluster
+    done = [0]
 
-    cluster = None
-    try:
-        if client is None:
-            cluster = local_cluster(max(1, int(n_workers)), processes=False, threads_per_worker=1)
-            client = Client(cluster)
-        with client:
-            futures = [
-                client.submit(write_block, config, str(store.resolve()), *task, pure=False)
-                for task in tasks
-            ]
-            for done, future in enumerate(as_completed(futures), 1):
-                future.result()  # a task's error surfaces here
-                tick(done, len(futures))
-            if report is not None:
-                report.scheduler = client.scheduler.address
-                report.workers = sorted(client.scheduler_info()["workers"])
-    finally:
-        if cluster is not None:
-            cluster.close()
+    def finished(_result: Any) -> None:
+        done[0] += 1
+        tick(done[0], len(tasks))
+
+    where = str(store.resolve())
+    address, workers = run_tasks(
+        [(None, write_block, (config, where, *task)) for task in tasks],
+        finished,
+        client=client,
+        n_workers=n_workers,
+        processes=False,
+    )
+    if report is not None:
+        report.scheduler, report.workers = address, workers
 
 
 def summarize(ds: xr.Dataset) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from torch import nn
 
 from tokenfield._device import parse_device
 from tokenfield.errors import UserError
+from tokenfield.models.placement import Placement, input_device
 from tokenfield.models.sites import Family, ModelSites, family_for, find_sites
 
 # Source resolution lives in models/sources.py; these names stay importable from here.
@@ -113,8 +114,6 @@ class LoadedModel:
         hooks move each block's inputs to that block's device)."""
         device_map = getattr(self.model, "hf_device_map", None)
         if device_map:
-            from tokenfield.models.placement import input_device
-
             return input_device(device_map)
         return next(self.model.parameters()).device
 
@@ -186,6 +185,12 @@ class ModelSpec:
         random_weights: a seeded random-weight copy of the architecture.
         seed: the seed of the random weights (ignored without them).
         attn_implementation: e.g. ``"eager"`` when attention weights are wanted.
+        placement: spread the model over devices with accelerate
+            (:class:`~tokenfield.models.placement.Placement`; ``device`` is then
+            ignored).
+
+    A spec is hashable and picklable: a Dask worker loads the model from it, once
+    per process (:func:`tokenfield.pipelines.shards.worker_model`).
 
     Example:
         >>> model = ModelSpec("smollm2", dtype="bfloat16").load()
@@ -198,27 +203,43 @@ class ModelSpec:
     random_weights: bool = False
     seed: int = 0
     attn_implementation: str | None = None
+    placement: Placement | None = None
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype)
-        parse_device(self.device)
+        if self.placement is None:
+            parse_device(self.device)
+        elif self.random_weights:
+            raise UserError(
+                "--random-weights builds the model in memory, so it cannot be spread with "
+                "--device-map",
+                "drop --device-map (or --max-memory, --offload-folder) with --random-weights",
+            )
 
-    def load(self, **placement: Any) -> LoadedModel:
-        """Load the model (see :func:`load_model`).
+    def load(self) -> LoadedModel:
+        """Load the model (see :func:`load_model`)."""
+        return _load(self)
 
-        Args:
-            placement: ``device_map``, ``max_memory``, ``offload_folder`` for a model
-                spread over devices by accelerate (see :mod:`tokenfield.models.placement`).
+    def skeleton(self) -> LoadedModel:
+        """The model's tokenizer and architecture with no weights (``meta``
+        tensors): enough to tokenise, lay out a run's store and write its
+        ``run.json`` without loading the weights (Dask workers load them)."""
+        return _load(self, weights=False)
+
+    @classmethod
+    def of(cls, model: LoadedModel) -> ModelSpec:
+        """The spec a loaded model was loaded from.
+
+        Raises:
+            UserError: the model was built in memory (:func:`wrap_model`).
         """
-        return load_model(
-            self.name,
-            device=self.device,
-            dtype=self.dtype,
-            random_weights=self.random_weights,
-            seed=self.seed,
-            attn_implementation=self.attn_implementation,
-            **placement,
-        )
+        spec = model.extra.get("spec")
+        if spec is None:
+            raise UserError(
+                f"model '{model.name}' was built in memory, so workers cannot load it",
+                "load it with tokenfield.load_model(spec), or pass the spec string",
+            )
+        return spec
 
     def context_length(self) -> int | None:
         """The model's context (its largest number of positions), read from its
@@ -328,60 +349,72 @@ def load_model(
         UserError: unknown name, missing file, hub unreachable, bad device/dtype.
     """
     _check_dtype(dtype)
-    load_args = {
-        "spec": spec,
-        "device": device,
-        "dtype": dtype,
-        "random_weights": random_weights,
-        "seed": seed,
-        "attn_implementation": attn_implementation,
-    }
     placement = None
     if device_map is not None or max_memory is not None or offload_folder is not None:
-        from tokenfield.models.placement import Placement
-
         placement = Placement.parse(device_map, max_memory, offload_folder)
-        load_args.update(placement.load_args())
-    torch_device = parse_device(device) if placement is None else None
-    directory, source_hash, name, *verified = resolve_source(spec)
-    kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
+    return _load(
+        ModelSpec(
+            spec,
+            dtype=dtype,
+            device=device,
+            random_weights=random_weights,
+            seed=seed,
+            attn_implementation=attn_implementation,
+            placement=placement,
+        )
+    )
+
+
+def _load(spec: ModelSpec, *, weights: bool = True) -> LoadedModel:
+    """Build ``spec``'s model; without ``weights``, on the ``meta`` device."""
+    placement = spec.placement
+    torch_device = parse_device(spec.device) if placement is None and weights else None
+    directory, source_hash, name, *verified = resolve_source(spec.name)
+    kwargs: dict[str, Any] = {"dtype": DTYPES[spec.dtype]}
     if placement is not None:
-        if random_weights:
-            raise UserError(
-                "--random-weights builds the model in memory, so it cannot be spread with "
-                "--device-map",
-                "drop --device-map (or --max-memory, --offload-folder) with --random-weights",
-            )
         kwargs.update(placement.from_pretrained_kwargs())
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
     with quiet_transformers(), _unreadable_model(directory):
         from transformers import AutoConfig, AutoTokenizer
 
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         auto = auto_class(family_for(config.model_type))
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        if random_weights:
-            torch.manual_seed(seed)
-            if attn_implementation:
-                config._attn_implementation = attn_implementation
-            model = auto.from_config(config, dtype=DTYPES[dtype])
-            source_hash = f"random:{seed}:{config.model_type}:{source_hash}"
+        if not weights:
+            from accelerate import init_empty_weights
+
+            with init_empty_weights():
+                model = auto.from_config(config, dtype=DTYPES[spec.dtype])
+        elif spec.random_weights:
+            torch.manual_seed(spec.seed)
+            if spec.attn_implementation:
+                config._attn_implementation = spec.attn_implementation
+            model = auto.from_config(config, dtype=DTYPES[spec.dtype])
         else:
             model = auto.from_pretrained(directory, local_files_only=True, **kwargs)
+    if spec.random_weights:
+        source_hash = f"random:{spec.seed}:{config.model_type}:{source_hash}"
     if torch_device is not None:
         model.to(torch_device)
-    loaded = wrap_model(
-        model,
-        tokenizer,
-        name,
-        source_hash=source_hash,
-        random_weights=random_weights,
-        seed=seed if random_weights else None,
-    )
+    if weights:
+        loaded = wrap_model(
+            model,
+            tokenizer,
+            name,
+            source_hash=source_hash,
+            random_weights=spec.random_weights,
+            seed=spec.seed if spec.random_weights else None,
+        )
+    else:  # no weights to fingerprint or to freeze
+        model.eval()
+        sites = find_sites(model)
+        seed = spec.seed if spec.random_weights else None
+        loaded = LoadedModel(model, tokenizer, name, source_hash, sites, spec.random_weights, seed)
+        loaded.extra["skeleton"] = True
     loaded.extra["directory"] = str(directory)
-    loaded.extra["load_args"] = load_args  # what a Dask worker loads it with
-    if not random_weights:
+    loaded.extra["spec"] = spec  # what a Dask worker loads it with
+    if not spec.random_weights:
         loaded.weights_sha256 = verified[0] if verified else weights_files_hash(directory)
     return loaded
 

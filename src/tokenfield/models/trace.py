@@ -1,4 +1,4 @@
-"""Trace prompts through a model, layer by layer, into a trajectory Dataset.
+"""The tracer: batches of prompts in, one xarray Dataset per batch out; no files.
 
 For each prompt the residual stream is read at every site (``embed``, every block,
 the final norm) and kept only at the asked-for positions:
@@ -12,22 +12,24 @@ batched prompt sees exactly the positions it would see alone (the pitfall of
 nnsight #672), and ``logits_to_keep=1`` computes logits only for the last column,
 which is every prompt's last real token. Encoders are right-padded.
 
-With ``out``, pieces are streamed to a run directory batch by batch (see
-:mod:`tokenfield.runs`); an interrupted trace resumes where it stopped.
-
 Two optional read-outs cost nothing when off (no hooks, no config keys):
 
-- ``attention=True``: each block's attention weights, reduced per prompt inside
+- ``attention``: each block's attention weights, reduced per prompt inside
   the forward pass to Markov-chain statistics (:mod:`tokenfield.models.attention`);
   the model runs with eager attention for the trace.
-- ``logit_lens=True``: each last-token state at every time read through the
+- ``logit_lens``: each last-token state at every time read through the
   final norm and the unembedding: its top tokens and the rank of the model's
   final prediction (:func:`tokenfield.models.capture.logit_lens`).
 
-``generate=N`` (causal models) greedily generates N tokens after each prompt and
-keeps every generated token's states as particles too (``is_generated`` true,
-``position`` past the prompt): one plain forward over prompt + continuation per
-batch, so the states are those of the model reading the generated text.
+``generate=N`` (causal models) greedily generates N tokens after each prompt
+(:mod:`tokenfield.models.generate`) and keeps every generated token's states as
+particles too (``is_generated`` true, ``position`` past the prompt): one plain
+forward over prompt + continuation per batch, so the states are those of the
+model reading the generated text.
+
+What to trace is a :class:`~tokenfield.models.trace_config.TraceConfig`; the
+workflow around it (the run directory, its lock, resume, Dask workers) is
+:mod:`tokenfield.pipelines.trace`, and the public :func:`tokenfield.trace`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,8 +44,12 @@ import torch
 import xarray as xr
 
 from tokenfield._progress import ProgressBar
-from tokenfield.errors import ParameterError, UserError
-from tokenfield.models.attention import AttentionCapture, capture_attention, eager_attention
+from tokenfield.models.attention import (
+    VARIABLES,
+    AttentionCapture,
+    capture_attention,
+    eager_attention,
+)
 from tokenfield.models.batching import (
     Encoded,
     Positions,
@@ -53,91 +58,205 @@ from tokenfield.models.batching import (
     pad_batch,
 )
 from tokenfield.models.capture import capture_residual, logit_lens
+from tokenfield.models.generate import continue_greedily
 from tokenfield.models.hooks import add_to_residual
 from tokenfield.models.load import LoadedModel
 from tokenfield.models.sites import site_names
 from tokenfield.models.tokens import TokenTexts
-from tokenfield.prompts import Prompt, load_prompts
-from tokenfield.runs import CONFIG_ATTR, TRAJECTORY, RunWriter, concat_pieces, open_run, strings
+from tokenfield.models.trace_config import TraceConfig, check_generate_length
+from tokenfield.runs import CONFIG_ATTR, concat_pieces, strings
 
-__all__ = [
-    "trace",
-    "check_trace_options",
-    "encode_prompts",
-    "forward_last",
-    "pad_batch",
-    "Positions",
-]
+__all__ = ["Tracer", "cast_states", "encode", "schema_piece", "trace_in_memory"]
 
 
-# A streamed trace writes its batches to the run this often (and at the end, and
-# when interrupted): a kill loses at most this much work. 0 writes every batch.
-FLUSH_SECONDS = 5.0
+def encode(model: LoadedModel, config: TraceConfig) -> list[Encoded]:
+    """The config's prompts as token ids (chat template, truncation), with
+    ``generate`` checked against the longest prompt and the model's context."""
+    encoded = encode_prompts(model, config.prompts, chat=config.chat, truncate=config.truncate)
+    if config.generate and encoded:
+        longest = max(len(item.ids) for item in encoded)
+        check_generate_length(
+            config.generate, model.max_positions, model.name, prompt_tokens=longest
+        )
+    return encoded
 
 
-def _flush_seconds() -> float:
-    """:data:`FLUSH_SECONDS`, or the ``TOKENFIELD_FLUSH_SECONDS`` environment variable."""
-    import os
+class Tracer:
+    """Trace batches through ``model`` as ``config`` says, one Dataset piece each.
 
-    value = os.environ.get("TOKENFIELD_FLUSH_SECONDS", "")
-    try:
-        return max(0.0, float(value)) if value.strip() else FLUSH_SECONDS
-    except ValueError:
-        raise UserError(
-            f"TOKENFIELD_FLUSH_SECONDS={value!r} is not a number of seconds",
-            "set it to e.g. 5, or 0 to write every batch at once",
-        ) from None
+    The hooks (capture, steering, attention read-out) are registered on entering
+    and removed on exit, even on error::
 
+        with Tracer(model, config) as tracer:
+            piece = tracer.batch(encoded[0:8], first_prompt=0, first_particle=0)
 
-def _sha256(values: np.ndarray) -> str:
-    import hashlib
-
-    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float32).tobytes()).hexdigest()
-
-
-def _continue_greedily(
-    model: LoadedModel, batch: Sequence[Encoded], n: int
-) -> tuple[list[Encoded], list[tuple[int, bool]]]:
-    """Greedy continuations: each prompt's ids extended by up to ``n`` generated ids.
-
-    Returns the extended items and, per prompt, (how many ids were generated,
-    whether the last is the end-of-sequence token: then it stopped early).
+    Args:
+        legacy: drop ``token_id`` and ``token_piece`` (a partial run begun by a
+            version without them resumes in its own layout).
     """
-    padded = pad_batch(batch, model, "last")
-    inputs = {k: v.to(model.device) for k, v in padded["inputs"].items()}
-    inputs.pop("position_ids")  # generate() derives positions from the mask itself
-    tokenizer = model.tokenizer
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else None
-    if pad_id is None:
-        pad_id = tokenizer.eos_token_id or 0
-    eos = model.model.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
-    out = model.model.generate(
-        **inputs,
-        max_new_tokens=n,
-        min_new_tokens=0,
-        do_sample=False,
-        num_beams=1,
-        pad_token_id=pad_id,
-        temperature=None,
-        top_p=None,
-        top_k=None,
+
+    def __init__(self, model: LoadedModel, config: TraceConfig, *, legacy: bool = False):
+        self.model = model
+        self.config = config
+        self.legacy = legacy
+        self.top_k = config.kept_top_k(model)
+        self.texts = TokenTexts(model.tokenizer)
+        self.reducer: AttentionCapture | None = None
+        self._stack: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> Tracer:
+        model, config = self.model, self.config
+        with contextlib.ExitStack() as stack:
+            if config.steer is not None:  # checked by config.check_model: add alpha * vector
+                vector, alpha, steer_positions = config.steer
+                delta = float(alpha) * torch.from_numpy(np.asarray(vector.vector))
+                stack.enter_context(
+                    add_to_residual(model, {int(vector.layer): delta}, positions=steer_positions)
+                )
+            self.capture = stack.enter_context(capture_residual(model.sites))
+            if config.attention:
+                stack.enter_context(eager_attention(model.model))
+                self.reducer = stack.enter_context(
+                    capture_attention(model.sites, causal=model.causal)
+                )
+            stack.enter_context(torch.inference_mode())
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stack is not None:
+            self._stack.__exit__(*exc)
+            self._stack = None
+
+    def batch(self, batch: Sequence[Encoded], first_prompt: int, first_particle: int) -> xr.Dataset:
+        """One batch's particles: prompts ``first_prompt ..`` (their index in the
+        run), particles numbered from ``first_particle``."""
+        model, config, capture, reducer = self.model, self.config, self.capture, self.reducer
+        generated = None
+        if config.generate:
+            with capture.pause():
+                batch, generated = continue_greedily(model, batch, config.generate)
+            padded = _pad_generated(batch, generated, model, config.positions)
+            capture.reset(model.n_layers + 1, padded["keep"])
+            if reducer is not None:
+                reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
+            every = _forward_every(model, padded["inputs"])
+            logits = every[torch.arange(len(batch)), padded["last"].float().argmax(-1)]
+        else:
+            padded = pad_batch(batch, model, config.positions)
+            capture.reset(model.n_layers + 1, padded["keep"])
+            if reducer is not None:
+                reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
+            logits = forward_last(model, padded["inputs"])
+        capture.ready()
+        states = [s for s in capture.states if s is not None]
+        if len(states) != model.n_layers + 1:
+            raise RuntimeError("a block did not run; the site registry is wrong for this model")
+        final = capture.final_norm if capture.final_norm is not None else states[-1]
+        extras: dict[str, Any] = {}
+        if reducer is not None:
+            extras.update(reducer.variables(padded["keep"], padded["last"]))
+        if config.logit_lens and logits is not None:
+            with capture.pause():
+                extras.update(
+                    _lens_variables(
+                        model, states, padded["keep"], padded["last"], logits, config.lens_k
+                    )
+                    if generated is None
+                    else _lens_variables(
+                        model, states, padded["keep"], padded["read"], every, config.lens_k
+                    )
+                )
+        piece = _piece(
+            model,
+            batch,
+            first_prompt,
+            first_particle,
+            states,
+            final,
+            padded["keep"],
+            padded["last"],
+            logits,
+            self.top_k,
+            self.texts,
+            extras,
+        )
+        if self.legacy:
+            piece = piece.drop_vars(["token_id", "token_piece"])
+        if generated is not None:
+            piece = _mark_generated(piece, batch, generated, first_prompt)
+        return cast_states(piece, config.store_dtype)
+
+
+def trace_in_memory(
+    model: LoadedModel, config: TraceConfig, *, progress: bool = False
+) -> xr.Dataset:
+    """Every batch of ``config``'s prompts, as one Dataset (``progress``: a bar).
+
+    Its ``attrs`` carry the run config, as a run's would (``run``, ``kind``).
+    """
+    encoded = encode(model, config)
+    pieces: list[xr.Dataset] = []
+    particles = 0
+    bar = ProgressBar(f"tracing {model.name}", len(encoded), enabled=progress, unit="prompts")
+    with bar, Tracer(model, config) as tracer:
+        for first in range(0, len(encoded), config.batch_size):
+            batch = encoded[first : first + config.batch_size]
+            piece = tracer.batch(batch, first, particles)
+            particles += piece.sizes["particle"]
+            pieces.append(piece)
+            bar.advance(len(batch))
+    # one numpy concatenation per variable (the pieces share everything but particles)
+    result = concat_pieces(pieces, "particle")
+    run_config = config.run_config(model)
+    result.attrs = {
+        CONFIG_ATTR: json.dumps(run_config),
+        "kind": "trace",
+        "run": {
+            "kind": "trace",
+            "status": "complete",
+            "config": run_config,
+            **({"weights_sha256": model.weights_sha256} if model.weights_sha256 else {}),
+        },
+    }
+    return result
+
+
+def schema_piece(model: LoadedModel, first: Encoded, config: TraceConfig) -> xr.Dataset:
+    """A one-prompt piece with zero states: every variable of a run traced with
+    ``config``, with its dims and dtype (what a sharded run's store is laid out
+    from before any worker traces), built by the tracer's own piece builder."""
+    padded = pad_batch([first], model, config.positions)
+    keep, last = padded["keep"], padded["last"]
+    n = int(keep.sum())
+    states = [torch.zeros(n, model.d_model) for _ in range(model.n_layers + 1)]
+    logits = torch.zeros(1, int(model.model.config.vocab_size)) if model.causal else None
+    extras: dict[str, Any] = {}
+    if config.attention:
+        heads = int(model.model.config.num_attention_heads)
+        shape = (n, model.n_layers, heads)
+        dims = ("particle", "block", "head")
+        extras.update(
+            {name: (dims, np.full(shape, np.nan, np.float32)) for name in VARIABLES.values()}
+        )
+    if config.logit_lens:
+        nobody = torch.zeros_like(last)
+        extras.update(_lens_variables(model, states, keep, nobody, logits, config.lens_k))
+    piece = _piece(
+        model,
+        [first],
+        0,
+        0,
+        states,
+        states[-1],
+        keep,
+        last,
+        logits,
+        config.kept_top_k(model),
+        TokenTexts(model.tokenizer),
+        extras,
     )
-    new = out[:, inputs["input_ids"].shape[1] :].cpu().tolist()
-    extended, generated = [], []
-    for item, row in zip(batch, new, strict=True):
-        ids: list[int] = []
-        stopped = False
-        for token in row[:n]:
-            ids.append(int(token))
-            if int(token) in eos_ids:
-                stopped = True
-                break
-        extended.append(Encoded(item.prompt, [*item.ids, *ids]))
-        generated.append((len(ids), stopped))
-    return extended, generated
+    return cast_states(piece, config.store_dtype)
 
 
 def _pad_generated(
@@ -304,434 +423,9 @@ def _lens_variables(
     }
 
 
-def check_trace_options(
-    *,
-    positions: str = "last",
-    batch_size: int = 8,
-    generate: int = 0,
-    steer_positions: str | None = None,
-) -> None:
-    """Check the options of :func:`trace` that need no model (the CLI calls it
-    before loading one; :func:`trace` calls it first thing).
-
-    Args:
-        steer_positions: the positions of the ``steer`` argument (``None``: no steering).
-
-    Raises:
-        ParameterError: naming ``positions``, ``batch_size``, ``generate`` or
-            ``steer_positions``.
-    """
-    if positions not in ("last", "all"):
-        raise ParameterError("positions", f"unknown {{name}} '{positions}'", "use 'last' or 'all'")
-    if batch_size < 1:
-        raise ParameterError(
-            "batch_size", f"{{name}} must be at least 1, got {batch_size}", "pass e.g. {name} 8"
-        )
-    if generate < 0:
-        raise ParameterError(
-            "generate", f"{{name}} must be 0 or more, got {generate}", "pass e.g. {name} 8"
-        )
-    if steer_positions is not None:
-        if steer_positions not in ("last", "all"):
-            raise ParameterError(
-                "steer_positions", f"unknown {{name}} '{steer_positions}'", "use 'last' or 'all'"
-            )
-        if generate and steer_positions != "all":
-            raise ParameterError(
-                "steer_positions",
-                "steering the last position while generating would steer another token in "
-                "each generation step than in the trace",
-                "steer all positions: pass {name} all",
-            )
-
-
-def check_generate_length(
-    generate: int, context: int | None, model_name: str, prompt_tokens: int = 0
-) -> None:
-    """Refuse ``generate`` tokens that would run past the model's ``context``
-    (after a prompt of ``prompt_tokens``): the model has no positions for them, and
-    a million of them would run for days.
-
-    Raises:
-        ParameterError: naming ``generate``.
-    """
-    if not generate or not context or prompt_tokens + generate <= context:
-        return
-    if prompt_tokens:
-        problem = (
-            f"{{name}} {generate} after a prompt of {prompt_tokens} tokens goes beyond "
-            f"the context of model '{model_name}' ({context} tokens)"
-        )
-    else:
-        problem = (
-            f"{{name}} {generate} is beyond the context of model '{model_name}' ({context} tokens)"
-        )
-    room = max(0, context - max(prompt_tokens, 1))
-    raise ParameterError("generate", problem, f"pass {{name}} {room} or less")
-
-
-def check_model_options(model: LoadedModel, *, logit_lens: bool, generate: int) -> None:
-    """Refuse read-outs the model cannot give (one line each).
-
-    Raises:
-        ParameterError: naming ``logit_lens`` or ``generate``.
-    """
-    if logit_lens and (not model.causal or model.model.get_output_embeddings() is None):
-        raise ParameterError(
-            "logit_lens",
-            f"model '{model.name}' has no unembedding, so it has no logit lens",
-            "drop {name} for this model",
-        )
-    if generate and not model.causal:
-        raise ParameterError(
-            "generate",
-            f"model '{model.name}' is not a causal language model, so it cannot generate",
-            "drop {name} for this model",
-        )
-    check_generate_length(generate, model.max_positions, model.name, prompt_tokens=1)
-
-
-def build_config(
-    model: LoadedModel,
-    prompt_list: Sequence[Prompt],
-    *,
-    positions: Positions = "last",
-    batch_size: int = 8,
-    chat: bool = False,
-    truncate: bool = False,
-    top_k: int = 5,
-    attention: bool = False,
-    logit_lens: bool = False,
-    lens_k: int = 5,
-    generate: int = 0,
-    steer: tuple[Any, float, str] | None = None,
-    store_dtype: str = "float32",
-) -> dict[str, Any]:
-    """The run config of a trace (what ``run.json`` records and a resume compares)."""
-    del batch_size  # recorded in progress, not in the config
-    config = {
-        "model": model.run_config(),
-        "positions": positions,
-        "chat": chat,
-        "truncate": truncate,
-        "top_k": top_k if model.causal else 0,
-        "prompts": [p.to_json() for p in prompt_list],
-    }
-    # Added only when on, so runs traced without them keep their config (and resume).
-    if attention:
-        config["attention"] = {
-            "attn_implementation": "eager",
-            "chain": "symmetrised (A + A^T), sink kept and sink dropped",
-        }
-    if logit_lens:
-        config["logit_lens"] = {"k": lens_k}
-    if generate:
-        config["generate"] = {"max_new_tokens": generate, "decoding": "greedy"}
-    if steer is not None:
-        vector, alpha, steer_positions = steer
-        if generate and steer_positions != "all":
-            raise UserError(
-                "steering the last position while generating would steer another token in "
-                "each generation step than in the trace",
-                "steer all positions (--steer-positions all) with --generate",
-            )
-        vector.check_model(model)
-        config["steering"] = {
-            "layer": int(vector.layer),
-            "alpha": float(alpha),
-            "positions": steer_positions,
-            "vector_sha256": _sha256(vector.vector),
-            "provenance": vector.provenance,
-        }
-    if store_dtype != "float32":  # added only when not the default, as the others
-        if store_dtype not in STORE_DTYPES:
-            raise UserError(
-                f"unknown store dtype '{store_dtype}'", f"use one of: {', '.join(STORE_DTYPES)}"
-            )
-        config["store_dtype"] = store_dtype
-    return config
-
-
-STORE_DTYPES = ("float32", "float16")
-
-
 def cast_states(piece: xr.Dataset, store_dtype: str) -> xr.Dataset:
     """Store ``states`` and ``final_norm_states`` as ``store_dtype`` (default float32)."""
     if store_dtype == "float32":
         return piece
     names = [n for n in ("states", "final_norm_states") if n in piece]
     return piece.assign({n: piece[n].astype(store_dtype) for n in names})
-
-
-def trace(
-    model: LoadedModel | str,
-    prompts: str | Path | Sequence[Prompt | str],
-    *,
-    positions: Positions = "last",
-    batch_size: int = 8,
-    chat: bool = False,
-    truncate: bool = False,
-    top_k: int = 5,
-    attention: bool = False,
-    logit_lens: bool = False,
-    lens_k: int = 5,
-    generate: int = 0,
-    steer: tuple[Any, float, str] | None = None,
-    out: str | Path | None = None,
-    overwrite: bool = False,
-    progress: bool = False,
-    store_dtype: str = "float32",
-    workers: int | None = None,
-    scheduler: str | None = None,
-) -> xr.Dataset:
-    """Trace prompts through ``model`` and return their trajectories.
-
-    Args:
-        model: from :func:`tokenfield.load_model` or :func:`tokenfield.wrap_model`,
-            or a model spec (``"smollm2"``, a directory), loaded with the defaults.
-        prompts: a bundled set name, a prompt file, or a list of strings/prompts.
-        positions: ``"last"`` (last real token per prompt) or ``"all"`` (every token).
-        batch_size: prompts per forward pass. It changes the stored states only
-            by float32 rounding (differently shaped matmuls), not bit for bit:
-            measured on SmolLM2 (seed-categories, positions last and all,
-            batch sizes 8 and 25 against 1), the largest |difference| in a
-            layer is at most 1.9e-6 of that layer's largest |state| (7.8e-4
-            absolute, where |states| reach 4.4e3); compare traces made with
-            different batch sizes to rtol 1e-5 of the layer's scale
-            (``scripts/batch_invariance.py`` measures it). A run records its
-            batch size in ``run.json``, and a resume with another is refused.
-        chat: wrap each prompt in the model's chat template.
-        truncate: keep the last tokens of a prompt longer than the context,
-            instead of raising.
-        top_k: how many next-token predictions to keep per prompt (causal models).
-        attention: also reduce every block's attention weights to Markov-chain
-            statistics (runs the model with eager attention; see
-            :mod:`tokenfield.models.attention`).
-        logit_lens: also read every last-token state through the final norm
-            and the unembedding (causal models with an output embedding).
-        lens_k: top tokens kept per time by the logit lens.
-        generate: greedily generate this many tokens after each prompt (causal
-            models) and keep each generated token's states at every time as a
-            particle (``is_generated`` true); fewer only when the model emits
-            its end-of-sequence token (kept, and recorded in ``generation_eos``).
-        steer: ``(vector, alpha, positions)``: trace (and generate) with a
-            :class:`~tokenfield.steering.vectors.SteeringVector` times ``alpha``
-            added at its layer (:func:`tokenfield.steering.hooks.steering`);
-            recorded in the config, so the steered run can be overlaid on the
-            unsteered one in the report. With ``generate``, ``positions`` must be
-            ``"all"`` (``"last"`` would steer a different token in the
-            generation and in the trace's forward).
-        out: stream into this run directory (resumable); ``None`` keeps it in memory.
-        overwrite: replace a run at ``out`` made with another config.
-        progress: show a progress bar.
-        store_dtype: ``"float32"`` (default, whatever the model computes in) or
-            ``"float16"``: the dtype ``states`` and ``final_norm_states`` are stored in.
-        workers: trace on a local Dask cluster of this many worker processes,
-            each writing its shards into its own region of the run's store
-            (needs ``out``; :mod:`tokenfield.models.parallel`). ``model`` may
-            then be a spec string: the client never loads the weights.
-        scheduler: the same on the running Dask cluster at this address.
-
-    Returns:
-        A Dataset with ``states`` (time, particle, feature), float32: ``time`` 0 is
-        the embedding output, ``time`` i the raw output of block i-1; the
-        ``final_norm_states`` (particle, feature); per-particle coordinates
-        ``prompt_index``, ``prompt``, ``category``, ``label``, ``position``,
-        ``token`` (the decoded token: ``�`` for part of a character), ``token_id``,
-        ``token_piece`` (readable also for partial characters, e.g. ``<0xF0><0x9F>``:
-        :func:`tokenfield.models.tokens.token_piece`), ``is_last``; and ``next_token_top``/``next_token_prob``
-        (particle, k) for the last token of each prompt (causal models).
-
-        With ``attention``: ``attn_entropy``, ``attn_sink_mass``,
-        ``attn_lambda2``, ``attn_lambda2_nosink``, ``attn_raw_lambda2``
-        (particle, block, head), set on each prompt's last-token particle and
-        NaN elsewhere (the particle dim lets them stream with the run), and the
-        per-token ``attn_stationary``, ``attn_stationary_nosink`` (particle,
-        block, head). ``block`` i is the attention of block i (between ``time``
-        i and i + 1).
-
-        With ``logit_lens``: ``lens_top``/``lens_prob`` (time, particle,
-        lens_k), ``lens_rank`` (time, particle; 1 = the final prediction is the
-        top token, -1 = not a last token) and ``lens_target`` (particle).
-    """
-    check_trace_options(
-        positions=positions,
-        batch_size=batch_size,
-        generate=generate,
-        steer_positions=None if steer is None else steer[2],
-    )
-    if logit_lens and lens_k < 1:
-        raise ParameterError(
-            "lens_k", f"{{name}} must be at least 1, got {lens_k}", "pass e.g. {name} 5"
-        )
-    options: dict[str, Any] = {
-        "positions": positions,
-        "batch_size": batch_size,
-        "chat": chat,
-        "truncate": truncate,
-        "top_k": top_k,
-        "attention": attention,
-        "logit_lens": logit_lens,
-        "lens_k": lens_k,
-        "steer": steer,
-        "store_dtype": store_dtype,
-    }
-    if workers is not None or scheduler is not None:
-        from tokenfield.models.parallel import trace_parallel
-
-        if out is None:
-            raise UserError("tracing with workers needs a run directory", "pass out=...")
-        if generate:
-            raise UserError(
-                "generate makes a number of particles known only after generating, so it "
-                "cannot be laid out for workers",
-                "drop workers/scheduler with generate",
-            )
-        return trace_parallel(
-            model,
-            prompts,
-            out=out,
-            workers=workers,
-            scheduler=scheduler,
-            overwrite=overwrite,
-            progress=progress,
-            **options,
-        )
-    if not isinstance(model, LoadedModel):
-        from tokenfield.models.load import load_model
-
-        model = load_model(model)
-    check_model_options(model, logit_lens=logit_lens, generate=generate)
-    prompt_list = load_prompts(prompts)
-    encoded = encode_prompts(model, prompt_list, chat=chat, truncate=truncate)
-    if generate:
-        longest = max(len(item.ids) for item in encoded)
-        check_generate_length(generate, model.max_positions, model.name, prompt_tokens=longest)
-    config = build_config(model, prompt_list, **options, generate=generate)
-    writer = None
-    if out is not None:
-        writer = RunWriter(
-            out,
-            "trace",
-            config,
-            append_dim="particle",
-            overwrite=overwrite,
-            batch_size=batch_size,
-            weights_sha256=model.weights_sha256,
-            flush_seconds=_flush_seconds(),
-            background=True,  # the store is written while the next batches run
-        )
-        if writer.complete:
-            writer.close()
-            return open_run(out)
-        if "shards" in writer.info.progress:  # a partial run begun with workers
-            from tokenfield.models.parallel import trace_parallel
-
-            try:  # its remaining shards, one after the other, in this process
-                return trace_parallel(model, prompt_list, out=out, local=True, **options)
-            finally:
-                writer.close()
-    start = writer.done if writer else 0
-    particles = int(writer.info.progress.get("size", 0)) if writer else 0
-    # A partial run begun by a version without token ids resumes in its own layout.
-    legacy = bool(writer and start > 0 and not (Path(out) / TRAJECTORY / "token_id").exists())
-    pieces: list[xr.Dataset] = []
-    texts = TokenTexts(model.tokenizer)
-    bar = ProgressBar(
-        f"tracing {model.name}", len(encoded), enabled=progress, completed=start, unit="prompts"
-    )
-    with contextlib.ExitStack() as stack:
-        if writer is not None:
-            stack.callback(writer.close)  # the lock goes however the loop ends
-        stack.enter_context(bar)
-        if steer is not None:  # checked above (vector.check_model): add alpha * vector
-            vector, alpha, steer_positions = steer
-            delta = float(alpha) * torch.from_numpy(np.asarray(vector.vector))
-            stack.enter_context(
-                add_to_residual(model, {int(vector.layer): delta}, positions=steer_positions)
-            )
-        capture = stack.enter_context(capture_residual(model.sites))
-        reducer: AttentionCapture | None = None
-        if attention:
-            stack.enter_context(eager_attention(model.model))
-            reducer = stack.enter_context(capture_attention(model.sites, causal=model.causal))
-        stack.enter_context(torch.inference_mode())
-        for first in range(start, len(encoded), batch_size):
-            batch = encoded[first : first + batch_size]
-            generated = None
-            if generate:
-                with capture.pause():
-                    batch, generated = _continue_greedily(model, batch, generate)
-                padded = _pad_generated(batch, generated, model, positions)
-                capture.reset(model.n_layers + 1, padded["keep"])
-                if reducer is not None:
-                    reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
-                every = _forward_every(model, padded["inputs"])
-                logits = every[torch.arange(len(batch)), padded["last"].float().argmax(-1)]
-            else:
-                padded = pad_batch(batch, model, positions)
-                capture.reset(model.n_layers + 1, padded["keep"])
-                if reducer is not None:
-                    reducer.reset(model.n_layers, padded["inputs"]["attention_mask"])
-                logits = forward_last(model, padded["inputs"])
-            capture.ready()
-            states = [s for s in capture.states if s is not None]
-            if len(states) != model.n_layers + 1:
-                raise RuntimeError("a block did not run; the site registry is wrong for this model")
-            final = capture.final_norm if capture.final_norm is not None else states[-1]
-            extras: dict[str, Any] = {}
-            if reducer is not None:
-                extras.update(reducer.variables(padded["keep"], padded["last"]))
-            if logit_lens and logits is not None:
-                with capture.pause():
-                    extras.update(
-                        _lens_variables(
-                            model, states, padded["keep"], padded["last"], logits, lens_k
-                        )
-                        if generated is None
-                        else _lens_variables(
-                            model, states, padded["keep"], padded["read"], every, lens_k
-                        )
-                    )
-            piece = _piece(
-                model,
-                batch,
-                first,
-                particles,
-                states,
-                final,
-                padded["keep"],
-                padded["last"],
-                logits,
-                config["top_k"],
-                texts,
-                extras,
-            )
-            if legacy:
-                piece = piece.drop_vars(["token_id", "token_piece"])
-            if generated is not None:
-                piece = _mark_generated(piece, batch, generated, first)
-            piece = cast_states(piece, store_dtype)
-            particles += piece.sizes["particle"]
-            if writer:
-                writer.append(piece, done=first + len(batch))
-            else:
-                pieces.append(piece)
-            bar.advance(len(batch))
-        if writer:
-            writer.finish()
-    if writer:
-        return open_run(out)  # type: ignore[arg-type]
-    # one numpy concatenation per variable (the pieces share everything but particles)
-    result = concat_pieces(pieces, "particle")
-    result.attrs = {
-        CONFIG_ATTR: json.dumps(config),
-        "kind": "trace",
-        "run": {
-            "kind": "trace",
-            "status": "complete",
-            "config": config,
-            **({"weights_sha256": model.weights_sha256} if model.weights_sha256 else {}),
-        },
-    }
-    return result

@@ -2,6 +2,9 @@
 
 The floor between the CLI and the pure layers (see ``docs/architecture.md``):
 
+- :mod:`~tokenfield.pipelines.trace`: ``tokenfield trace`` and :func:`tokenfield.trace`
+  (the run's lock, writer and resume; :mod:`~tokenfield.pipelines.shards` runs it on
+  Dask workers).
 - :mod:`~tokenfield.pipelines.analyze`: ``tokenfield analyze`` (``analyze_run``).
 - :mod:`~tokenfield.pipelines.theory`: the theory lens of ``tokenfield lens``
   (load the run's model, fit, simulate the matched ideal system, write HTML).

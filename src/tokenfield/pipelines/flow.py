@@ -33,7 +33,7 @@ from tokenfield.models.surgery import (
     mlps_swapped,
     random_copy,
 )
-from tokenfield.models.trace import trace
+from tokenfield.pipelines.trace import trace
 from tokenfield.prompts import as_prompts
 from tokenfield.runs import write_json_atomic
 from tokenfield.viz.flow import flow_html_section, plot_flow

@@ -1,7 +1,9 @@
-"""Batched greedy continuations and next-token distributions for causal models.
+"""Batched greedy continuations and next-token distributions for causal models,
+and the steering evaluation's shared-prefix decoding (:func:`answer_conditions`).
 
-Both use the tracer's encoding and left padding (with mask-derived positions),
-so a prompt gives the same result alone or in a batch, steered or not.
+All use the tracer's encoding and left padding (with mask-derived positions),
+so a prompt gives the same result alone or in a batch, steered or not. The one
+call to Hugging Face ``generate`` is :func:`tokenfield.models.generate.greedy_generate`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from tokenfield.errors import UserError
 from tokenfield.models.batching import encode_prompts, forward_last, pad_batch
 from tokenfield.models.cascade import SharedKV, cascade
+from tokenfield.models.generate import greedy_generate, pad_token_id
 from tokenfield.models.hooks import Order, add_to_residual, hooks
 from tokenfield.models.sites import site_names
 from tokenfield.prompts import as_prompts
@@ -98,34 +101,17 @@ def greedy_continuations(
     """
     require_causal(model)
     encoded = encode_prompts(model, as_prompts(prompts), chat=chat)
-    tokenizer = model.tokenizer
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
     texts: list[str] = []
     with torch.inference_mode():
         for first in range(0, len(encoded), batch_size):
-            padded = pad_batch(encoded[first : first + batch_size], model, "last")
-            inputs = {k: v.to(model.device) for k, v in padded["inputs"].items()}
-            inputs.pop("position_ids")  # generate() derives positions from the mask itself
             recorder = (
                 _prefill_last_states(model, states)
                 if states is not None
                 else contextlib.nullcontext()
             )
             with recorder:
-                out = model.model.generate(
-                    **inputs,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    num_beams=1,
-                    pad_token_id=pad_id,
-                    temperature=None,
-                    top_p=None,
-                    top_k=None,
-                )
-            new = out[:, inputs["input_ids"].shape[1] :]
-            texts.extend(tokenizer.decode(row, skip_special_tokens=True) for row in new)
+                new = greedy_generate(model, encoded[first : first + batch_size], max_new_tokens)
+            texts.extend(model.tokenizer.decode(row, skip_special_tokens=True) for row in new)
     return texts
 
 
@@ -234,9 +220,7 @@ def answer_conditions(
         return {c.name: {"texts": [], "states": states[c.name]} for c in conditions}
     tokenizer = model.tokenizer
     stops = _eos_ids(model)
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = tokenizer.eos_token_id or 0
+    pad_id = pad_token_id(tokenizer)
     device = model.device
 
     def cut(raw: list[int]) -> list[int]:
