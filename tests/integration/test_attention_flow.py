@@ -13,8 +13,8 @@ from tokenfield.analysis.flow import VARIANTS
 from tokenfield.errors import UserError
 from tokenfield.models.load import wrap_model
 from tokenfield.models.surgery import mlps_removed
-from tokenfield.pipelines.trace import trace
 from tokenfield.pipelines.flow import attention_flow, flow_states
+from tokenfield.pipelines.trace import trace
 
 FAMILIES = ("llama", "gemma3")
 
