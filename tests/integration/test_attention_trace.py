@@ -171,3 +171,22 @@ def test_cli_trace_with_attention_and_lens(tmp_path, capsys):
     assert "attn_sink_mass" in ds and "lens_rank" in ds
     assert ds.attn_sink_mass.sizes == {"particle": 9, "block": 3, "head": 4}
     capsys.readouterr()
+
+
+def test_attention_with_generate_reads_the_traced_pass_only(tiny):
+    """``trace --attention --generate``: the steps of ``generate`` are not read out
+    (they used to reach the reducer and crash it); each token's statistics are those
+    of the whole sequence, prompt and generated tokens, traced in one pass."""
+    if not tiny.causal:
+        pytest.skip("generation needs a causal model")
+    traced = tf.trace(tiny, PROMPTS[:2], positions="all", attention=True, generate=3)
+    assert traced.is_generated.values.any()
+    for index in range(2):
+        mine = traced.isel(particle=traced.prompt_index.values == index)
+        matrices = attention_matrices(tiny, [int(i) for i in mine.token_id.values])
+        assert matrices.shape[-1] == mine.sizes["particle"]
+        for block in range(tiny.n_layers):
+            expected = summarize_attention(matrices[block], causal=True)
+            for name in PER_TOKEN:
+                got = mine[f"attn_{name}"].values[:, block].T  # (heads, n)
+                np.testing.assert_allclose(got, getattr(expected, name), atol=STAT_TOL)

@@ -93,6 +93,17 @@ class AttentionCapture:
     # per block: statistic -> (batch, heads) or (batch, heads, width) float64 tensor;
     # token i of row b at index i (its column minus the row's offset).
     reduced: list[dict[str, torch.Tensor] | None] = field(default_factory=list)
+    paused: bool = False
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Ignore the attention modules while the model runs for something else
+        (``generate``: its steps are not the traced pass)."""
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
 
     def reset(self, n_blocks: int, attention_mask: torch.Tensor) -> None:
         spans = []
@@ -325,6 +336,8 @@ def capture_attention(sites: ModelSites, *, causal: bool) -> Iterator[AttentionC
 
     def on_attention(block: int):
         def read(output: Any) -> None:
+            if capture.paused:
+                return
             weights = _weights_of(output)
             if weights is None:
                 raise UserError(

@@ -134,7 +134,7 @@ class Tracer:
         model, config, capture, reducer = self.model, self.config, self.capture, self.reducer
         generated = None
         if config.generate:
-            with capture.pause():
+            with capture.pause(), reducer.pause() if reducer else contextlib.nullcontext():
                 batch, generated = continue_greedily(model, batch, config.generate)
             padded = _pad_generated(batch, generated, model, config.positions)
             capture.reset(model.n_layers + 1, padded["keep"])
