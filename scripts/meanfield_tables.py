@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "metastability", "Metastability", meta_table,
         (2, 4, 6) if quick else (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), 4 if quick else 6,
     )  # fmt: skip
-    from tokenfield.runs import write_json_atomic
+    from tokenfield._io import write_json_atomic
     from tokenfield.viz.meanfield import meanfield_html, write_meanfield_figures
 
     (args.out / "tables.md").write_text("\n\n".join(sections) + "\n")

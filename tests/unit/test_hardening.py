@@ -358,7 +358,7 @@ def test_a_write_error_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
     import tokenfield.runs as runs
 
     monkeypatch.setattr(xr.Dataset, "to_zarr", full)
-    monkeypatch.setattr(runs, "_write_at", full)  # appends after the first are plain Zarr
+    monkeypatch.setattr(runs.writer, "_write_at", full)  # appends after the first are plain Zarr
     with pytest.raises(UserError, match="No space left.*run the same command again"):
         writer.append(piece(2, 2), done=2)
     writer.close()
@@ -373,7 +373,7 @@ def test_simulate_refuses_a_system_too_large_before_allocating(tmp_path, n, caps
     code, _out, err = run_cli(["simulate", "--n", n, "--out", tmp_path / "big"], capsys)
     assert code == 2
     line = one_error_line(err)
-    assert f"--n {n} in d = 3 needs about" in line and "16 GB is available" in line
+    assert f"--n-particles {n} in d = 3 needs about" in line and "16 GB is available" in line
     assert not (tmp_path / "big").exists()
 
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from tokenfield._io import write_json_atomic
 from tokenfield.errors import UserError
-from tokenfield.runs import RunWriter, open_run, read_run_info, strings, write_json_atomic
+from tokenfield.runs import RunWriter, open_run, read_run_info, strings
 
 
 def piece(start: int, n: int, text: str = "p") -> xr.Dataset:
@@ -217,7 +218,7 @@ def test_a_background_write_error_is_raised_by_the_next_call(tmp_path, monkeypat
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(runs, "_write_at", full)
+    monkeypatch.setattr(runs.writer, "_write_at", full)
     writer.append(buffered_piece(3, 3), done=2)  # fails in the thread
     with pytest.raises(UserError, match="No space left"):
         writer.append(buffered_piece(6, 3), done=3)
@@ -247,7 +248,7 @@ def test_an_interrupt_while_waiting_for_the_writer_thread_keeps_every_piece(tmp_
     import tokenfield.runs as runs
 
     run = tmp_path / "r"
-    real = runs._write_at
+    real = runs.writer._write_at
     proceed = threading.Event()
 
     def slow(*args, **kwargs):
@@ -274,7 +275,7 @@ def test_an_interrupt_while_waiting_for_the_writer_thread_keeps_every_piece(tmp_
     with pytest.raises(KeyboardInterrupt), background_writer(run) as writer:
         writer.append(buffered_piece(0, 3), done=1)  # creates the store, in the thread
         writer._wait()
-        monkeypatch.setattr(runs, "_write_at", slow)
+        monkeypatch.setattr(runs.writer, "_write_at", slow)
         writer.append(buffered_piece(3, 3), done=2)  # the slow write starts
         writer._writing = InterruptedWait(writer._writing)
         writer.append(buffered_piece(6, 3), done=3)  # waits for it: interrupted
@@ -288,7 +289,7 @@ def test_a_failed_background_write_is_retried_before_later_pieces(tmp_path, monk
     import tokenfield.runs as runs
 
     run = tmp_path / "r"
-    real = runs._write_at
+    real = runs.writer._write_at
     failures = [OSError(28, "No space left on device")]
 
     def once(*args, **kwargs):
@@ -299,7 +300,7 @@ def test_a_failed_background_write_is_retried_before_later_pieces(tmp_path, monk
     writer = background_writer(run)
     writer.append(buffered_piece(0, 3), done=1)
     writer._wait()
-    monkeypatch.setattr(runs, "_write_at", once)
+    monkeypatch.setattr(runs.writer, "_write_at", once)
     writer.append(buffered_piece(3, 3), done=2)  # fails in the thread
     with pytest.raises(UserError, match="No space left"):
         writer.append(buffered_piece(6, 3), done=3)
@@ -325,15 +326,15 @@ def test_a_kill_between_a_flushs_write_and_its_record_resumes_to_the_same_run(
     writer.flush()
     writer.append(buffered_piece(3, 3), done=2)
     writer.append(buffered_piece(6, 3), done=3)
-    real = runs.write_json_atomic
+    real = runs.writer.write_json_atomic
 
     def killed(path, obj):
         raise KeyboardInterrupt  # the rows of pieces 2-3 are in the store, run.json not
 
-    monkeypatch.setattr(runs, "write_json_atomic", killed)
+    monkeypatch.setattr(runs.writer, "write_json_atomic", killed)
     with pytest.raises(KeyboardInterrupt):
         writer.flush()
-    monkeypatch.setattr(runs, "write_json_atomic", real)
+    monkeypatch.setattr(runs.writer, "write_json_atomic", real)
     writer._pending = []  # the process died: nothing more is written
     writer.close()
     resumed = RunWriter(run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9)
@@ -378,7 +379,7 @@ def test_a_flush_retried_after_an_interrupted_record_writes_at_the_recorded_size
             raise KeyboardInterrupt
         real(path, obj)
 
-    monkeypatch.setattr(runs, "write_json_atomic", once)
+    monkeypatch.setattr(runs.writer, "write_json_atomic", once)
     with pytest.raises(KeyboardInterrupt):
         writer.flush()
     writer.close()  # as the trace's clean-up does

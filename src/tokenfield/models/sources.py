@@ -288,7 +288,7 @@ def _file_hash(path: Path, *, fresh: bool = False) -> str:
     value = "sha256:" + _sha256(path)
     memo[key] = value
     with contextlib.suppress(OSError):
-        from tokenfield.runs import write_json_atomic
+        from tokenfield._io import write_json_atomic
 
         memo_file.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(memo_file, memo)
@@ -333,7 +333,7 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(directory: Path) -> dict[str, str]:
     """Hash every file in ``directory`` into its manifest (written atomically, last)."""
-    from tokenfield.runs import write_json_atomic
+    from tokenfield._io import write_json_atomic
 
     files = {p.name: _sha256(p) for p in sorted(directory.iterdir()) if p.is_file()}
     files.pop(MANIFEST, None)
@@ -444,7 +444,7 @@ def _record_source(target: Path, gguf: Path, file_hash: str) -> None:
             (tmp / SOURCE_RECORD).write_text(
                 json.dumps({**_source_identity(gguf), "hash": file_hash}, indent=2)
             )
-            from tokenfield.runs import write_json_atomic
+            from tokenfield._io import write_json_atomic
 
             write_json_atomic(
                 tmp / MANIFEST,

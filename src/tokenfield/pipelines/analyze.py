@@ -12,12 +12,13 @@ from typing import Any
 
 import xarray as xr
 
+from tokenfield._io import write_json_atomic
 from tokenfield._progress import stage
 from tokenfield.analysis.projection import PROJECTION_NPZ
 from tokenfield.analysis.run_analysis import analyze
 from tokenfield.analysis.simulation import analyze_simulation
 from tokenfield.errors import UserError
-from tokenfield.runs import METRICS_JSON, figures_dir, open_run, write_json_atomic
+from tokenfield.runs import METRICS_JSON, figures_dir, open_run
 from tokenfield.viz import simulation as simulation_viz
 from tokenfield.viz import write_figures
 

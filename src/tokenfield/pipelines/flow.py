@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from tokenfield._io import write_atomic
+from tokenfield._io import write_atomic, write_json_atomic
 from tokenfield.analysis.clusters import check_eps
 from tokenfield.analysis.flow import (
     FLOW_FIGURE,
@@ -35,7 +35,6 @@ from tokenfield.models.surgery import (
 )
 from tokenfield.pipelines.trace import trace
 from tokenfield.prompts import as_prompts
-from tokenfield.runs import write_json_atomic
 from tokenfield.viz.flow import flow_html_section, plot_flow
 
 __all__ = ["attention_flow", "flow_states", "write_flow"]

@@ -44,13 +44,14 @@ import numpy as np
 import torch
 import xarray as xr
 
+from tokenfield._io import write_json_atomic
 from tokenfield._progress import ProgressBar
 from tokenfield.errors import UserError
 from tokenfield.models.batching import encode_prompts
 from tokenfield.models.load import LoadedModel, ModelSpec
 from tokenfield.models.trace import schema_piece, trace_in_memory
 from tokenfield.models.trace_config import TraceConfig
-from tokenfield.runs import TRAJECTORY, RunWriter, checksummed, open_run, write_json_atomic
+from tokenfield.runs import TRAJECTORY, RunWriter, checksummed, open_run
 
 __all__ = [
     "LOADS",

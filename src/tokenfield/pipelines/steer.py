@@ -19,13 +19,14 @@ import numpy as np
 import torch
 import xarray as xr
 
+from tokenfield._io import write_json_atomic
 from tokenfield._progress import ProgressBar
 from tokenfield._progress import console as make_console
 from tokenfield.analysis.projection import PROJECTION_NPZ, fit_projection, load_projection, project
 from tokenfield.errors import UserError
 from tokenfield.models.load import ModelSpec
 from tokenfield.pipelines.trace import trace
-from tokenfield.runs import open_run, write_json_atomic
+from tokenfield.runs import open_run
 from tokenfield.steering.closed_loop import category_centroids, progress_toward
 from tokenfield.steering.generate import greedy_continuations, next_token_logprobs, require_causal
 from tokenfield.steering.hooks import steering

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenfield._io import write_json_atomic
 from tokenfield._progress import console as make_console
 from tokenfield.errors import ParameterError
 from tokenfield.models.load import ModelSpec
 from tokenfield.pipelines.steer import prepare_steering_out
-from tokenfield.runs import write_json_atomic
 from tokenfield.steering.evaluate import distinct_splits, evaluate_steering
 from tokenfield.steering.generate import require_causal
 from tokenfield.steering.problems import make_splits

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from tokenfield._io import to_jsonable, write_atomic
+from tokenfield._io import to_jsonable, write_atomic, write_json_atomic
 from tokenfield.analysis.clouds import TokenClouds, token_clouds
 from tokenfield.analysis.clusters import DEFAULT_EPS
 from tokenfield.analysis.effective_beta import EffectiveBeta, effective_beta
@@ -38,7 +38,7 @@ from tokenfield.models.load import ModelSpec
 from tokenfield.particles.dynamics import Dynamics
 from tokenfield.particles.init import initial_condition
 from tokenfield.particles.integrate import simulate
-from tokenfield.runs import FIGURES, open_run, read_run_info, write_json_atomic
+from tokenfield.runs import FIGURES, open_run, read_run_info
 from tokenfield.viz.theory import theory_html_section, write_theory_figures
 
 __all__ = [

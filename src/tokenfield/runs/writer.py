@@ -1,26 +1,5 @@
-"""Run directories: the on-disk contract between tracing, simulation and analysis.
-
-A run is a directory::
-
-    RUN/
-      run.json          kind, config, tokenfield version, status, progress
-      trajectory.zarr/  an xarray Dataset stored with Zarr (format 3)
-      metrics.json      written by analyses
-      figures/          written by analyses and plots
-
-``states`` has dims ``(time, particle, feature)``. Anyone can read a run with
-``xarray.open_zarr(RUN / "trajectory.zarr")``.
-
-Writes are streamed and resumable. :class:`RunWriter` appends pieces along a
-growing dimension (``particle`` for traces, ``time`` for simulations) and then
-records progress in ``run.json`` with an atomic rename. With ``flush_seconds``
-it keeps pieces in memory and writes them together (one Zarr write per array
-and one ``run.json`` per flush, at the recorded size, so the cost of a flush does
-not grow with what is already stored). A process killed between the two leaves
-extra rows in the Zarr store (or loses the pieces not yet flushed); on resume
-they are trimmed back to what ``run.json`` recorded, so every unit of work lands
-exactly once.
-"""
+"""The streamed, resumable writer of a run (RunWriter), the checks before writing,
+and the Zarr encoding (checksummed chunks) it writes with."""
 
 from __future__ import annotations
 
@@ -32,587 +11,33 @@ import time
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from tokenfield._io import dumps, write_json_atomic
-from tokenfield._lock import LOCK_NAME, WriterLock
+from tokenfield._io import write_json_atomic
+from tokenfield._lock import WriterLock
 from tokenfield._lock import acquire as acquire_lock
 from tokenfield._version import __version__
 from tokenfield.errors import UserError
-
-RUN_JSON = "run.json"
-TRAJECTORY = "trajectory.zarr"
-METRICS_JSON = "metrics.json"
-FIGURES = "figures"
-# The files analyses derive from a run and keep inside it. The modules that write
-# them import these names from here, so that DERIVED cannot miss one.
-PROJECTION_NPZ = "projection.npz"  # tokenfield analyze (analysis.projection)
-THEORY_JSON = "theory.json"  # tokenfield lens (analysis.theory)
-THEORY_HTML = "theory.html"
-FLOW_JSON = "flow.json"  # tokenfield lens --flow (analysis.flow)
-FLOW_HTML = "flow.html"
-# Everything tokenfield derives from a run and keeps inside it: --overwrite removes
-# these (and only these, so a user's own files in the directory are never touched;
-# in FIGURES only the figures tokenfield draws, see is_figure).
-DERIVED = (METRICS_JSON, FIGURES, PROJECTION_NPZ, THEORY_JSON, THEORY_HTML, FLOW_JSON, FLOW_HTML)
-# The figures tokenfield draws into RUN/figures, by name: each stem as .png and .svg
-# (tokenfield.viz.run_figures, tokenfield.viz.simulation), the animations, and the
-# lens's theory_<section>.png/.svg (tokenfield.viz.theory, tokenfield.viz.flow).
-FIGURE_STEMS = (
-    "trajectories",
-    "pcs_vs_layer",
-    "speed",
-    "separation",
-    "centroid_distances",
-    "trajectories_per_layer",
-    "trajectories_baseline",
-    "simulation_clusters_energy",
-    "simulation_particles",
+from tokenfield.runs.info import (
+    CONFIG_ATTR,
+    RunInfo,
+    RunKind,
+    canonical_config,
+    check_prefix,
+    is_run,
+    log_write,
+    looks_like_run,
+    overwrite_plan,
+    read_run_info,
+    user_files,
 )
-FIGURE_ANIMATIONS = ("thought_evolution.gif", "simulation_particles.gif")
-LENS_FIGURE_PREFIX = "theory_"
-
-
-def is_figure(name: str) -> bool:
-    """Whether ``name`` (a file in RUN/figures) is a figure tokenfield draws."""
-    if name in FIGURE_ANIMATIONS:
-        return True
-    stem, _dot, suffix = name.rpartition(".")
-    if suffix not in ("png", "svg"):
-        return False
-    lens = stem.removeprefix(LENS_FIGURE_PREFIX)
-    return stem in FIGURE_STEMS or (
-        stem.startswith(LENS_FIGURE_PREFIX) and lens.replace("_", "").isalnum()
-    )
-
-
-def figures_dir(run: str | Path, *, create: bool = True) -> Path:
-    """``RUN/figures``, checked to be a real directory inside the run (created when
-    missing, with ``create``): figures are never written through a symbolic link
-    into another directory.
-
-    Raises:
-        UserError: it is a symbolic link, or something other than a directory.
-    """
-    folder = Path(run) / FIGURES
-    if folder.is_symlink():
-        raise UserError(
-            f"'{folder}' is a symbolic link (to '{os.readlink(folder)}'); tokenfield "
-            "writes figures only inside the run, never through a link",
-            f"remove the link '{folder}' (its target is left alone), then run again",
-        )
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"'{folder}' is not a directory", "remove or rename it, then run again")
-    if create:
-        folder.mkdir(exist_ok=True)
-    return folder
-
-
-CONFIG_ATTR = "tokenfield_config"
-
-# The layout of run.json and the store. A run written with a newer format (by a
-# newer tokenfield) is refused rather than misread.
-RUN_FORMAT = 1
-
-# What this process's writers did, for the line an interrupted command prints
-# (tokenfield.cli): runs finished, and runs left partial (resumable).
-_WRITE_LOG: dict[str, list[Path]] = {"finished": [], "partial": []}
-
-
-def reset_write_log() -> None:
-    for paths in _WRITE_LOG.values():
-        paths.clear()
-
-
-def _log_write(path: Path, state: str) -> None:
-    for paths in _WRITE_LOG.values():
-        if path in paths:
-            paths.remove(path)
-    _WRITE_LOG[state].append(path)
-
-
-def interrupted_line() -> str:
-    """What to tell a user whose command was interrupted: resume, unless every run
-    it wrote was already complete (then there is nothing to resume)."""
-    if _WRITE_LOG["finished"] and not _WRITE_LOG["partial"]:
-        shown = ", ".join(f"'{p}'" for p in _WRITE_LOG["finished"])
-        return f"tokenfield: interrupted after {shown} was complete; nothing to resume."
-    return "tokenfield: interrupted; run the same command again to resume."
-
-
-RunKind = Literal["trace", "simulation"]
-KINDS = ("trace", "simulation")
-Status = Literal["partial", "complete"]
-
-
-def _version() -> str:
-    return __version__
-
-
-def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The config as plain JSON data (round-tripped), for comparison and storage."""
-    return json.loads(dumps(dict(config), indent=None, sort_keys=True))
-
-
-@dataclass
-class RunInfo:
-    """The contents of ``run.json``."""
-
-    path: Path
-    kind: RunKind
-    config: dict[str, Any]
-    status: Status = "partial"
-    progress: dict[str, Any] = field(default_factory=dict)
-    version: str = ""
-    # Every chunk of the store is written, even one holding only the fill value,
-    # so a missing chunk file means damage (runs from before this was recorded
-    # may legitimately lack all-NaN chunks and are not checked).
-    all_chunks: bool = False
-    # SHA-256 of the model weights a trace used (tokenfield.models.load), if known.
-    weights_sha256: str | None = None
-
-    @property
-    def complete(self) -> bool:
-        return self.status == "complete"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "status": self.status,
-            "tokenfield_version": self.version,
-            "format": RUN_FORMAT,
-            "config": self.config,
-            "progress": self.progress,
-            **({"all_chunks_written": True} if self.all_chunks else {}),
-            **({"weights_sha256": self.weights_sha256} if self.weights_sha256 else {}),
-        }
-
-    to_json = to_dict  # the old name of the one serialisation verb
-
-
-def overwrite_plan(path: Path) -> list[Path]:
-    """What ``--overwrite`` deletes in the run directory ``path``, in order: the
-    figures tokenfield drew (by name), the derived files, the store, then
-    run.json. Nothing else (a user's files stay, in ``figures/`` too).
-
-    Raises:
-        UserError: before anything is deleted, when one of those names is a
-            symbolic link (it is never followed out of the run) or cannot be
-            deleted.
-    """
-    plan: list[Path] = []
-    for name in (*DERIVED, TRAJECTORY, RUN_JSON):
-        target = path / name
-        if target.is_symlink():
-            raise UserError(
-                f"'{target}' is a symbolic link; --overwrite deletes only tokenfield's own "
-                "files and never follows a link out of the run (nothing was deleted)",
-                f"remove the link '{target}' (its target is left alone), then run again",
-            )
-        if not target.exists():
-            continue
-        if name == FIGURES and target.is_dir():
-            plan += [f for f in sorted(target.iterdir()) if is_figure(f.name) and not f.is_dir()]
-        elif name != TRAJECTORY and target.is_dir():
-            raise UserError(
-                f"'{target}' is a directory, not the file tokenfield writes there "
-                "(nothing was deleted)",
-                "move it out of the run, then run again",
-            )
-        plan.append(target)
-    for folder in {p.parent for p in plan}:
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise UserError(
-                f"cannot delete files in '{folder}' (not writable; nothing was deleted)",
-                "make it writable (chmod u+w), or choose another --out",
-            )
-    return plan
-
-
-def _looks_like_run(path: Path) -> bool:
-    """A directory tokenfield wrote, even with run.json damaged or missing: its
-    store is there, or its run.json and nothing but tokenfield's names."""
-    names = set(_user_files(path))
-    return TRAJECTORY in names or (RUN_JSON in names and names <= {TRAJECTORY, RUN_JSON, *DERIVED})
-
-
-def _user_files(path: Path) -> list[str]:
-    """Names in ``path`` other than tokenfield's lock file (none if it is missing)."""
-    if not path.is_dir():
-        return []
-    return sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)
-
-
-def is_run(path: str | Path) -> bool:
-    return (Path(path) / RUN_JSON).is_file()
-
-
-def read_run_info(path: str | Path) -> RunInfo:
-    """Read ``run.json``; raise :class:`UserError` when ``path`` is not a run."""
-    path = Path(path)
-    meta = path / RUN_JSON
-    if not meta.is_file():
-        inside = _runs_inside(path)
-        if inside:
-            shown = ", ".join(inside[:8]) + (", ..." if len(inside) > 8 else "")
-            raise UserError(
-                f"'{path}' is not a tokenfield run but holds runs: {shown}",
-                f"pass one of them, e.g. '{path / inside[0]}'",
-            )
-        raise UserError(
-            f"'{path}' is not a tokenfield run (no {RUN_JSON})",
-            "pass a directory written by 'tokenfield trace' or 'tokenfield simulate'",
-        )
-    fix = "re-create the run with --overwrite (run.json is written by tokenfield only)"
-    try:
-        data = json.loads(meta.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"'{meta}' is damaged (not UTF-8 text)", fix) from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"'{meta}' is damaged ({exc})", fix) from None
-    except OSError as exc:
-        raise UserError(f"cannot read '{meta}' ({exc.strerror})", "check its permissions") from None
-    if not isinstance(data, dict):
-        raise UserError(f"'{meta}' is damaged (a JSON {type(data).__name__}, not an object)", fix)
-    problems = []
-    if "kind" not in data or "config" not in data:
-        problems.append("no " + " or ".join(k for k in ("kind", "config") if k not in data))
-    elif not isinstance(data["config"], dict):
-        problems.append(f"'config' is a {type(data['config']).__name__}, not an object")
-    elif data["kind"] not in KINDS:
-        raise UserError(
-            f"'{meta}' has an unknown kind {data['kind']!r}",
-            f"tokenfield reads runs of kind {' or '.join(KINDS)}; re-create it with --overwrite",
-        )
-    status = data.get("status", "partial")
-    if status not in ("partial", "complete"):
-        problems.append(f"unknown status {status!r}")
-    progress = data.get("progress", {})
-    if not isinstance(progress, dict):
-        problems.append(f"'progress' is a {type(progress).__name__}, not an object")
-    else:
-        for key in ("done", "size", "batch_size"):
-            value = progress.get(key)
-            if key in progress and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0
-            ):
-                problems.append(f"progress '{key}' is {value!r}, not a count")
-    if problems:
-        raise UserError(f"'{meta}' is damaged ({'; '.join(problems)})", fix)
-    _check_format(meta, data)
-    return RunInfo(
-        path=path,
-        kind=data["kind"],
-        config=data["config"],
-        status=status,
-        progress=progress,
-        version=str(data.get("tokenfield_version", "")),
-        all_chunks=data.get("all_chunks_written") is True,
-        weights_sha256=data.get("weights_sha256") or None,
-    )
-
-
-def _version_tuple(text: str) -> tuple[int, ...] | None:
-    import re
-
-    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
-    return tuple(int(g or 0) for g in match.groups()) if match else None
-
-
-def _check_format(meta: Path, data: dict[str, Any]) -> None:
-    """Refuse a run.json from the future: a format newer than this tokenfield's, or
-    (runs without the field predate it) a tokenfield version newer than this one."""
-    fix = (
-        f"read it with the tokenfield that wrote it (this is {__version__}), "
-        "or re-create the run with --overwrite"
-    )
-    fmt = data.get("format")
-    if fmt is not None:
-        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
-            raise UserError(
-                f"'{meta}' is damaged (format {fmt!r})",
-                "re-create the run with --overwrite (run.json is written by tokenfield only)",
-            )
-        if fmt > RUN_FORMAT:
-            raise UserError(
-                f"'{meta}' has run format {fmt}, newer than this tokenfield reads ({RUN_FORMAT})",
-                fix,
-            )
-        return
-    written, ours = (
-        _version_tuple(str(data.get("tokenfield_version", ""))),
-        _version_tuple(__version__),
-    )
-    if written is not None and ours is not None and written > ours:
-        raise UserError(
-            f"'{meta}' was written by tokenfield {data['tokenfield_version']}, newer than this one",
-            fix,
-        )
-
-
-def check_against_store(info: RunInfo, ds: xr.Dataset) -> None:
-    """Raise :class:`UserError` when ``run.json`` disagrees with the store it
-    describes: its progress (``size`` against the stored rows; a trace's ``done``
-    against its prompts), its status (a complete trace holds every prompt of its
-    config) or its model (``d_model`` against the states' features).
-
-    ``run.json`` is only written by tokenfield, so a disagreement means it was
-    edited or damaged; believing it would give silently wrong results.
-    """
-    meta = info.path / RUN_JSON
-    fix = "re-create the run with the same command and --overwrite"
-    dim = "particle" if info.kind == "trace" else "time"
-    if "states" not in ds or dim not in ds.sizes:
-        return
-    rows = int(ds.sizes[dim])
-    size, done = info.progress.get("size"), info.progress.get("done")
-    parallel = "shards" in info.progress  # a parallel trace allocates every row up front
-
-    def refuse(what: str) -> None:
-        raise UserError(f"'{meta}' does not match its store: {what}", fix)
-
-    if size is not None and (size != rows if info.complete else size > rows):
-        refuse(f"progress size = {size}, but {TRAJECTORY} holds {rows} {dim}s")
-    model = info.config.get("model")
-    d_model = model.get("d_model") if isinstance(model, dict) else None
-    features = int(ds.sizes.get("feature", -1))
-    if info.kind == "trace" and isinstance(d_model, int) and features not in (-1, d_model):
-        refuse(f"the model has d = {d_model}, the states have {features} features")
-    if info.kind != "trace" or "prompt_index" not in ds.coords:
-        if info.kind == "simulation" and info.complete and done is not None and done != rows:
-            refuse(f"progress done = {done} saved times, but {TRAJECTORY} holds {rows}")
-        return
-    index = np.asarray(ds["prompt_index"].values)
-    prompts = info.config.get("prompts")
-    if info.complete:
-        stored = int(np.unique(index).size)
-        if isinstance(prompts, list) and stored != len(prompts):
-            refuse(f"it is marked complete, but holds {stored} of its {len(prompts)} prompts")
-        if done is not None and done != stored:
-            refuse(f"progress done = {done} prompts, but {TRAJECTORY} holds {stored}")
-    if not parallel and size is not None and done is not None:
-        _check_prefix(index[:size], done, refuse)
-
-
-def _check_prefix(index: np.ndarray, done: int, refuse: Any) -> None:
-    """A trace's first ``size`` rows hold exactly prompts ``0 .. done - 1``, in order."""
-    ok = index.size == 0 and done == 0
-    if index.size:
-        ok = (
-            bool(np.all(np.diff(index) >= 0))
-            and int(index[0]) == 0
-            and int(index[-1]) == done - 1
-            and np.unique(index).size == done
-        )
-    if not ok:
-        held = int(np.unique(index).size)
-        refuse(f"progress says {done} prompts in {index.size} rows; those rows hold {held}")
-
-
-def _runs_inside(path: Path) -> list[str]:
-    """Names of the runs directly inside ``path`` (e.g. ``runs/demo``), sorted."""
-    try:
-        return sorted(p.name for p in path.iterdir() if (p / RUN_JSON).is_file())
-    except OSError:  # not a directory, or unreadable
-        return []
-
-
-def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
-    """Open a run's trajectory as a lazily loaded :class:`xarray.Dataset`.
-
-    The run's ``run.json`` contents are in ``ds.attrs["run"]``. A partial run is
-    refused unless ``allow_partial`` (its rows past the recorded progress, if
-    any, are not trustworthy).
-    """
-    info = read_run_info(path)
-    if not info.complete and not allow_partial:
-        raise UserError(
-            f"run '{path}' is partial (interrupted)",
-            "re-run the command that made it to resume, or pass allow_partial=True",
-            cli_fix="run the command that made it (tokenfield trace or simulate with the "
-            "same arguments) again to finish it",
-        )
-    store = Path(path) / TRAJECTORY
-    if not store.exists():
-        raise UserError(f"run '{path}' has no {TRAJECTORY}", "re-create it with --overwrite")
-    check_object_codecs(path)  # a Zarr v2 pickle (or other object) codec: one line
-    if info.complete and info.all_chunks:
-        check_chunks(path)
-    # Every chunk read goes through this getter: a chunk whose checksum does not
-    # match (or that does not decode) is one line naming the run, whenever the lazy
-    # states are read (analyze, report, lens, a library caller's .load()).
-    reading = {"from_array_kwargs": {"getitem": _ChunkGetter(str(path))}}
-    with warnings.catch_warnings(), _read_errors(path):
-        warnings.simplefilter("ignore")
-        ds = None
-        if info.complete:  # finish() consolidated the metadata: one read instead of one per array
-            with contextlib.suppress(Exception):
-                ds = xr.open_zarr(store, consolidated=True, **reading)
-        if ds is None:
-            ds = xr.open_zarr(store, consolidated=False, **reading)
-        # Coordinates (labels, prompts, tokens) are small: load them so that they are
-        # plain numpy arrays; the states stay lazy.
-        # One dask compute for all of them, set in place (no re-alignment per coordinate).
-        lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
-        if lazy:
-            import dask
-
-            values = dask.compute(*(ds.variables[name].data for name in lazy))
-            for name, value in zip(lazy, values, strict=True):
-                ds.variables[name].data = np.asarray(value)
-    check_against_store(info, ds)
-    ds.attrs["run"] = info.to_dict()
-    return ds
-
-
-def _damaged(path: str | Path, exc: BaseException, what: str = "a damaged chunk in") -> UserError:
-    detail = str(exc).splitlines()[0] if str(exc) else ""
-    return UserError(
-        f"run '{path}' has {what} {TRAJECTORY} ({type(exc).__name__}: {detail})",
-        "re-create the run with the same command (trace or simulate) and --overwrite",
-    )
-
-
-class _ChunkGetter:
-    """``dask.array.from_array``'s ``getitem`` for a run's arrays: the usual getter,
-    with a chunk that fails to read or decode (checksum mismatch, garbage,
-    truncation) turned into :class:`UserError` naming the run. A class, not a
-    closure, so that a dask graph holding it can be pickled."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __call__(self, a: Any, b: Any, asarray: bool = True, lock: Any = None) -> Any:
-        from dask.array.core import getter
-
-        try:
-            return getter(a, b, asarray=asarray, lock=lock)
-        except (UserError, MemoryError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - codecs report damage in many types
-            raise _damaged(self.path, exc) from None
-
-
-@contextlib.contextmanager
-def _read_errors(path: str | Path):
-    """Damage found while opening the store (its index coordinates are read at
-    once, not through the getter) is one line too."""
-    try:
-        yield
-    except (UserError, MemoryError):
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise _damaged(path, exc, "a damaged") from None
-
-
-def _feature_dim(info: RunInfo) -> int | None:
-    import zarr
-
-    with contextlib.suppress(Exception), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        array = zarr.open_group(str(info.path / TRAJECTORY), mode="r")["states"]
-        return int(array.shape[-1])
-    return None
-
-
-def _prompt_texts(info: RunInfo) -> list[str] | None:
-    prompts = info.config.get("prompts")
-    if not isinstance(prompts, list):
-        return None
-    return [p.get("text") if isinstance(p, dict) else p for p in prompts]
-
-
-def check_baseline(run: str | Path, baseline: str | Path) -> None:
-    """Refuse a baseline that cannot be compared with ``run``: another kind,
-    another feature dimension, or (traces) other prompts or another order.
-
-    Raises:
-        UserError: one line naming the difference.
-    """
-    info, base = read_run_info(run), read_run_info(baseline)
-    fix = "pass a baseline made the same way (e.g. the same trace with --random-weights)"
-    if info.kind != base.kind:
-        raise UserError(f"baseline '{baseline}' is a {base.kind} run, '{run}' a {info.kind}", fix)
-    d_run, d_base = _feature_dim(info), _feature_dim(base)
-    if d_run is not None and d_base is not None and d_run != d_base:
-        raise UserError(
-            f"baseline '{baseline}' has d = {d_base} features, '{run}' has d = {d_run}", fix
-        )
-    texts, base_texts = _prompt_texts(info), _prompt_texts(base)
-    if texts is not None and base_texts is not None and texts != base_texts:
-        if sorted(map(str, texts)) == sorted(map(str, base_texts)):
-            what = "the same prompts in another order"
-        else:
-            what = "other prompts" + (
-                f" ({len(base_texts)} vs {len(texts)})" if len(texts) != len(base_texts) else ""
-            )
-        raise UserError(f"baseline '{baseline}' holds {what} than '{run}'", fix)
-
-
-def check_chunks(path: str | Path) -> None:
-    """Raise :class:`UserError` when a chunk file of the run's store is missing
-    (a deleted chunk would otherwise read back as NaN, silently)."""
-    import zarr
-
-    store = Path(path) / TRAJECTORY
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            group = zarr.open_group(str(store), mode="r")
-            for name, array in group.arrays():
-                missing = array.nchunks - array.nchunks_initialized
-                if missing:
-                    raise UserError(
-                        f"run '{path}' is damaged: {missing} of the {array.nchunks} chunk "
-                        f"files of '{name}' in {TRAJECTORY} are missing",
-                        "re-create the run with the same command and --overwrite",
-                    )
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - zarr reports damage in many types
-        raise UserError(
-            f"run '{path}' has a damaged {TRAJECTORY} ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''})",
-            "re-create the run with the same command and --overwrite",
-        ) from None
-
-
-#: Zarr v2 object codecs that zarr 3 reads (strings and bytes); any other (pickle,
-#: json2, msgpack2, ...) is refused before zarr meets it.
-READABLE_OBJECT_CODECS = ("vlen-utf8", "vlen-bytes")
-
-
-def check_object_codecs(path: str | Path) -> None:
-    """Refuse a Zarr v2 store with an array of Python objects in a codec zarr 3 cannot
-    read (another tool's store, or an old one), from the arrays' ``.zarray`` files
-    alone. Without it, zarr fails with a traceback (or a misleading "damaged").
-
-    Raises:
-        UserError: naming the array, the codec and what to do.
-    """
-    import json
-
-    store = Path(path) / TRAJECTORY
-    for meta in sorted(store.glob("*/.zarray")):
-        try:
-            array = json.loads(meta.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # a damaged file: check_chunks and zarr report it
-        if not isinstance(array, dict) or "O" not in str(array.get("dtype", "")):
-            continue
-        codecs = [c for c in (array.get("filters") or []) if isinstance(c, dict)]
-        codec = str(codecs[0].get("id")) if codecs else "none"
-        if codec not in READABLE_OBJECT_CODECS:
-            raise UserError(
-                f"run '{path}' stores '{meta.parent.name}' as Python objects with the Zarr v2 "
-                f"codec '{codec}', which tokenfield cannot read (it writes text as UTF-8)",
-                "re-create the run with the same command and --overwrite",
-            )
+from tokenfield.runs.layout import FIGURES, RUN_JSON, TRAJECTORY, figures_dir
+from tokenfield.runs.read import damaged_error
 
 
 def check_results_writable(run: str | Path, command: str) -> None:
@@ -749,13 +174,13 @@ class RunWriter:
         self, kind: RunKind, overwrite: bool, batch_size: int | None, weights: str | None
     ) -> None:
         replaced = False
-        if overwrite and (is_run(self.path) or _looks_like_run(self.path)):
+        if overwrite and (is_run(self.path) or looks_like_run(self.path)):
             # --overwrite replaces tokenfield's run even when its run.json is
             # damaged or missing (nothing else could repair it)
             try:
                 read_run_info(self.path)
             except UserError:
-                if not _looks_like_run(self.path):
+                if not looks_like_run(self.path):
                     raise
                 self._clear()
                 replaced = True
@@ -773,12 +198,12 @@ class RunWriter:
             )
         if existing is not None and not overwrite and existing.kind != kind:
             raise UserError(f"'{self.path}' holds a {existing.kind} run", "choose another --out")
-        if existing is None and not replaced and _looks_like_run(self.path):
+        if existing is None and not replaced and looks_like_run(self.path):
             raise UserError(
                 f"'{self.path}' holds a tokenfield run without its {RUN_JSON} (damaged)",
                 "pass --overwrite to replace it, or choose another --out",
             )
-        if existing is None and not replaced and _user_files(self.path):
+        if existing is None and not replaced and user_files(self.path):
             raise UserError(
                 f"output directory '{self.path}' exists and is not a tokenfield run"
                 + (" (--overwrite only replaces runs)" if overwrite else ""),
@@ -826,7 +251,7 @@ class RunWriter:
                 self.config,
                 "partial",
                 progress,
-                _version(),
+                __version__,
                 all_chunks=True,
                 weights_sha256=weights,
             )
@@ -857,7 +282,7 @@ class RunWriter:
             lock.release()
             info = getattr(self, "info", None)  # None: refused before opening the run
             if info is not None and not getattr(self, "_abandoned", False):
-                _log_write(self.path, "finished" if info.complete else "partial")
+                log_write(self.path, "finished" if info.complete else "partial")
 
     def __enter__(self) -> RunWriter:
         return self
@@ -934,11 +359,11 @@ class RunWriter:
         except UserError:
             raise
         except Exception as exc:  # noqa: BLE001 - a store damaged in any way
-            raise _damaged(self.path, exc, "a damaged") from None
+            raise damaged_error(self.path, exc, "a damaged") from None
         if size > rows:
             refuse(f"progress size = {size}, but {TRAJECTORY} holds {rows} rows")
         if index is not None:
-            _check_prefix(index, done, refuse)
+            check_prefix(index, done, refuse)
         elif self.info.kind == "simulation" and done != size:
             refuse(f"progress done = {done} saved times, size = {size}")
 
@@ -1114,7 +539,7 @@ class RunWriter:
         self.info.status = "complete"
         self.info.progress = {**self.info.progress, **progress}
         write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
-        _log_write(self.path, "finished")
+        log_write(self.path, "finished")
         self.close()
 
     def abandon(self) -> None:
@@ -1221,9 +646,3 @@ def _write_errors(store: Path):
             f"cannot write '{store}' ({exc.strerror or exc})",
             "fix the cause (permissions, free space), then run the same command again",
         ) from None
-
-
-def strings(values: Any) -> np.ndarray:
-    """An object array of Python strings: Zarr stores it as variable-length UTF-8,
-    so pieces with longer strings can be appended later."""
-    return np.array([str(v) for v in values], dtype=object)
