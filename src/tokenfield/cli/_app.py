@@ -97,6 +97,17 @@ class DefaultGroup(Group):
         return super().parse_args(ctx, args)
 
 
+# What the top level and each group share: help when called bare, no shell
+# completion, and plain click help (rich markup would turn "A:B:N" into an emoji
+# (":B:") and typer's rich panels print boolean flags as "<bool>" options that take
+# a value).
+GROUP_SETTINGS: dict[str, Any] = {
+    "no_args_is_help": True,
+    "add_completion": False,
+    "rich_markup_mode": None,
+    "context_settings": HELP_SETTINGS,
+}
+
 app = typer.Typer(
     name="tokenfield",
     cls=Group,
@@ -109,13 +120,8 @@ app = typer.Typer(
         "older flat names (tokenfield pde, tokenfield eval-steering, ...) still work "
         "(docs/cli-renames.md)."
     ),
-    no_args_is_help=True,
-    add_completion=False,
-    # Plain click help: rich markup would turn "A:B:N" into an emoji (":B:") and
-    # typer's rich panels print boolean flags as "<bool>" options that take a value.
-    rich_markup_mode=None,
-    context_settings=HELP_SETTINGS,
     pretty_exceptions_enable=False,
+    **GROUP_SETTINGS,
 )
 
 theory_app = typer.Typer(
@@ -125,10 +131,7 @@ theory_app = typer.Typer(
         "The theory side: linear stability, cluster counts, the mean-field PDE, the "
         "phase diagram, metastability, and the conformance checks against published results."
     ),
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-    context_settings=HELP_SETTINGS,
+    **GROUP_SETTINGS,
 )
 
 steer_app = typer.Typer(
@@ -140,10 +143,7 @@ steer_app = typer.Typer(
         "null directions. 'tokenfield steer RUN --from A --to B ...' (no subcommand) "
         "is 'steer vector'."
     ),
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-    context_settings=HELP_SETTINGS,
+    **GROUP_SETTINGS,
 )
 
 app.add_typer(theory_app)

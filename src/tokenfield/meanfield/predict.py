@@ -153,14 +153,30 @@ class _Settings:
 
 
 @dataclass(frozen=True)
-class PlateauConfig(_Settings):
-    """The settings of :func:`first_plateau_experiment` (and :func:`cluster_prediction`).
+class _Starts(_Settings):
+    """The batch of near-equispaced starts both experiments run (their first fields).
 
     Attributes:
         normalization: ``"usa"`` (run in rescaled time) or ``"sa"``.
         n_particles: ``n``.
         noise: angular noise scale of the start (``add_noise``).
         seeds: systems in the batch (seeds ``seed .. seed + seeds - 1``).
+        seed: the first seed.
+    """
+
+    normalization: Normalization = "usa"
+    n_particles: int = 256
+    noise: float = 1e-3
+    seeds: int = 4
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PlateauConfig(_Starts):
+    """The settings of :func:`first_plateau_experiment` (and :func:`cluster_prediction`).
+
+    Attributes:
+        normalization, n_particles, noise, seeds, seed: the starts (:class:`_Starts`).
         eps: cluster threshold (default: a quarter of ``1 - cos`` of the starting
             spacing, so that no two starting neighbours are linked and the start
             counts ``n`` clusters).
@@ -172,11 +188,6 @@ class PlateauConfig(_Settings):
         dt: RK4 step (default ``min(0.25, 0.1 / lambda_max)``).
     """
 
-    normalization: Normalization = "usa"
-    n_particles: int = 256
-    noise: float = 1e-3
-    seeds: int = 4
-    seed: int = 0
     eps: float | None = None
     horizon: float = 4.0
     min_efolds: float = 3.0
@@ -185,7 +196,7 @@ class PlateauConfig(_Settings):
 
 
 @dataclass(frozen=True)
-class GrowthConfig(_Settings):
+class GrowthConfig(_Starts):
     """The settings of :func:`growth_rate_experiment`.
 
     Attributes:
@@ -198,11 +209,8 @@ class GrowthConfig(_Settings):
             ``O(lambda^5 dt^4)``).
     """
 
-    normalization: Normalization = "usa"
-    n_particles: int = 256
-    noise: float = 1e-8
+    noise: float = 1e-8  # a smaller start: the linear phase (the fields keep their order)
     seeds: int = 2
-    seed: int = 0
     max_mode: int | None = None
     amplitude_limit: float = 1e-5
     frames: int = 60

@@ -489,16 +489,8 @@ def equispaced_jacobian(
     """
     import torch
 
-    beta, _ = _check(beta, 2, normalization, time)
-    dynamics = Dynamics(beta=beta, normalization=normalization, time=time)
-
-    def angle_velocity(theta: torch.Tensor) -> torch.Tensor:
-        x = torch.stack([torch.cos(theta), torch.sin(theta)], dim=-1)  # (n, 2)
-        tangent = torch.stack([-torch.sin(theta), torch.cos(theta)], dim=-1)  # (n, 2)
-        return (dynamics.vector_field(0.0, x) * tangent).sum(-1)  # (n,)
-
     theta = 2 * math.pi * torch.arange(int(n_particles), dtype=torch.float64) / n_particles
-    return torch.autograd.functional.jacobian(angle_velocity, theta).numpy()
+    return circle_jacobian(theta.numpy(), beta, normalization=normalization, time=time)
 
 
 def circle_jacobian(
@@ -519,9 +511,9 @@ def circle_jacobian(
     dynamics = Dynamics(beta=beta, normalization=normalization, time=time)
 
     def angle_velocity(angles: torch.Tensor) -> torch.Tensor:
-        x = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
-        tangent = torch.stack([-torch.sin(angles), torch.cos(angles)], dim=-1)
-        return (dynamics.vector_field(0.0, x) * tangent).sum(-1)
+        x = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)  # (n, 2)
+        tangent = torch.stack([-torch.sin(angles), torch.cos(angles)], dim=-1)  # (n, 2)
+        return (dynamics.vector_field(0.0, x) * tangent).sum(-1)  # (n,)
 
     angles = torch.as_tensor(np.asarray(theta, dtype=np.float64))
     return torch.autograd.functional.jacobian(angle_velocity, angles).numpy()

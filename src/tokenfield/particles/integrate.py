@@ -410,12 +410,12 @@ def simulate(
         if resume is not None:
             x = resume.pop("x").to(dtype=x.dtype, device=x.device)
         layers = tuple(run.at_layer(layer) for layer in range(run.layers))
-        plan = _Plan(run, layers, t0, t_max, dt, saveat)
+        plan = _Plan(run, layers, t0, t_max, dt, saveat, recorder, resume, progress)
         with torch.no_grad():
             if isinstance(solver, Adaptive):
-                _run_adaptive(solver, plan, x, recorder, resume, progress)
+                _run_adaptive(solver, plan, x)
             else:
-                _run_fixed(solver, plan, x, recorder, resume, progress)
+                _run_fixed(solver, plan, x)
     except BlowUp:
         # A numerical blow-up is not resumable: remove the run this call created
         # (a retry with a smaller step then needs no --overwrite).
@@ -435,7 +435,8 @@ def simulate(
 @dataclass(frozen=True)
 class _Plan:
     """What the stepping loops share: the dynamics (in the working dtype/device),
-    the time span and the save policy."""
+    the time span, the save policy, where the saved states go, the state to
+    resume from (``None``: start at ``t0``) and the progress callback."""
 
     run: Dynamics
     layers: tuple[Dynamics, ...]  # each layer's parameters, held constant
@@ -443,6 +444,9 @@ class _Plan:
     t_max: float
     dt: float
     saveat: SaveAt
+    recorder: _Recorder
+    resume: dict[str, Any] | None
+    progress: Callable[[float], None] | None
 
     @property
     def boundaries(self) -> list[float]:
@@ -468,14 +472,8 @@ def _resume_state(writer: Any) -> dict[str, Any] | None:
     return {"x": torch.from_numpy(np.ascontiguousarray(last)), **progress}
 
 
-def _run_fixed(
-    solver: Euler | RK4,
-    plan: _Plan,
-    x: torch.Tensor,
-    recorder: _Recorder,
-    resume: dict[str, Any] | None,
-    progress: Callable[[float], None] | None,
-) -> None:
+def _run_fixed(solver: Euler | RK4, plan: _Plan, x: torch.Tensor) -> None:
+    recorder, resume, progress = plan.recorder, plan.resume, plan.progress
     saveat = plan.saveat
     save_times = list(saveat.times or ())
     grid = _fixed_grid(plan.t0, plan.t_max, plan.dt, plan.boundaries + save_times)
@@ -503,14 +501,8 @@ def _run_fixed(
     recorder.flush({"step": last, "t": float(grid[last])})
 
 
-def _run_adaptive(
-    solver: Adaptive,
-    plan: _Plan,
-    x: torch.Tensor,
-    recorder: _Recorder,
-    resume: dict[str, Any] | None,
-    progress: Callable[[float], None] | None,
-) -> None:
+def _run_adaptive(solver: Adaptive, plan: _Plan, x: torch.Tensor) -> None:
+    recorder, resume, progress = plan.recorder, plan.resume, plan.progress
     saveat, t0, t_max = plan.saveat, plan.t0, plan.t_max
     stops = sorted({*plan.boundaries, *(saveat.times or ()), t_max})
     stops = [s for s in stops if s > t0]
