@@ -25,6 +25,7 @@ from tokenfield.models.load import ModelSpec
 from tokenfield.pipelines.hypotheses import HypothesesSettings, measure_model
 from tokenfield.prompts import load_prompts
 
+PARTS = ("trained", "baseline")
 OUT = Path(__file__).resolve().parent.parent / "docs" / "data" / "hypotheses"
 
 
@@ -42,7 +43,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-prompts", type=int, default=None)
     parser.add_argument("--convex-prompts", type=int, default=20)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--part",
+        choices=("both", "trained", "baseline"),
+        default="both",
+        help="measure one part only, into MODEL-PART.json (merge them with --merge)",
+    )
+    parser.add_argument("--merge", action="store_true", help="merge MODEL-{trained,baseline}.json")
     args = parser.parse_args(argv)
+    path = args.out / f"{args.model}.json"
+    if args.merge:
+        import json
+
+        parts = [json.loads((args.out / f"{args.model}-{k}.json").read_text()) for k in PARTS]
+        merged = {**parts[0], "baseline": parts[1]["baseline"]}
+        merged["seconds"] = parts[0]["seconds"] + parts[1]["seconds"]
+        write_json_atomic(path, merged)
+        print(path)
+        return 0
     settings = HypothesesSettings(max_prompts=args.max_prompts, convex_prompts=args.convex_prompts)
     prompts = load_prompts(args.prompts)
     started = time.time()
@@ -53,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": to_jsonable(asdict(settings)),
     }
     for key, random_weights in (("trained", False), ("baseline", True)):
+        if args.part not in ("both", key):
+            continue
         model = ModelSpec(args.model, random_weights=random_weights, seed=0).load()
         result = measure_model(
             model, prompts, settings,
@@ -60,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         out[key] = _trim(result)
     out["seconds"] = round(time.time() - started)
-    path = args.out / f"{args.model}.json"
+    if args.part != "both":
+        path = args.out / f"{args.model}-{args.part}.json"
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, to_jsonable(out))
     print(path)

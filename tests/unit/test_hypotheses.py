@@ -58,7 +58,8 @@ def test_sphere_energy_is_one_for_one_cluster_and_sum_w2_for_tight_clusters():
 
 def test_matrix_entropy_counts_equal_orthogonal_directions():
     centres = _orthonormal(4, 10)
-    x = np.repeat(centres, 3, axis=0) * 2.5
+    norms = np.random.default_rng(1).uniform(1.0, 5.0, size=(12, 1))  # directions only count
+    x = np.repeat(centres, 3, axis=0) * norms
     assert matrix_entropy(x) == pytest.approx(math.log(4), abs=1e-10)
     assert matrix_entropy(np.repeat(centres[:1], 6, axis=0)) == pytest.approx(0.0, abs=1e-10)
 
@@ -99,6 +100,13 @@ def test_pace_recovers_a_geometric_decay_and_refuses_noise():
     assert fit.r2 == pytest.approx(1.0)
     assert fit.slope_ci[0] == pytest.approx(-0.3) and fit.slope_ci[1] == pytest.approx(-0.3)
     assert fit.monotone_fraction == 1.0 and fit.verdict == "supported"
+    # prompts with their own rates: the interval over prompts has a width near the
+    # rates' spread / sqrt(prompts) and contains the fitted slope
+    rates = rng.uniform(-0.4, -0.2, size=(30, 1))
+    spread = pace(np.exp(rates * t[None]), n_boot=400)
+    low, high = spread.slope_ci
+    assert low < spread.slope < high < 0
+    assert 0.5 * 3.92 * rates.std() / math.sqrt(30) < high - low < 2 * 3.92 * rates.std()
     noise = rng.uniform(1.0, 2.0, size=(30, 12))
     flat = pace(noise, n_boot=200)
     assert flat.verdict.startswith("not supported")
