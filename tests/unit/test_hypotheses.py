@@ -261,3 +261,18 @@ def test_next_embedding_finds_a_planted_last_layer():
     assert curve.median_rank_distance[1] > 20 and curve.median_rank_cosine[1] > 20
     assert curve.z[2] > 3 > abs(curve.z[1])
     assert curve.distance[2] > 0  # 3 e, not e: far in distance, aligned in cosine
+
+
+# --- the causal conformance item's centres ------------------------------------------
+
+
+def test_renyi_centres_and_strong_centres_in_token_order():
+    from tokenfield.pipelines.conformance_causal import renyi_centres
+
+    def circle(angles):
+        a = np.asarray(angles)
+        return np.stack([np.cos(a), np.sin(a)], axis=1)
+
+    centres, strong = renyi_centres(circle([0.0, 0.4, 0.8, 2.0, 2.1]), 0.5)
+    assert centres.tolist() == [True, False, True, True, False]
+    assert strong.tolist() == [True, False, False, True, False]  # 0.8 is 0.4 from token 2
