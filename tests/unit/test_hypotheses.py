@@ -276,3 +276,22 @@ def test_renyi_centres_and_strong_centres_in_token_order():
     centres, strong = renyi_centres(circle([0.0, 0.4, 0.8, 2.0, 2.1]), 0.5)
     assert centres.tolist() == [True, False, True, True, False]
     assert strong.tolist() == [True, False, False, True, False]  # 0.8 is 0.4 from token 2
+
+
+def test_the_report_section_renders_the_json_escaped():
+    from tokenfield.viz.hypotheses import hypotheses_html_section
+
+    order = {"slope": 0.1, "slope_ci": [0.05, 0.2], "r2": 0.95, "monotone_fraction": 1.0,
+             "verdict": "supported"}  # fmt: skip
+    layer = {"share_passing": 0.5, "median_gap": 0.1, "median_gap_uniform": 0.3}
+    data = {
+        "rule": "R^2 >= 0.9 <and> interval excludes 0",
+        "order": {"energy_beta_4": order},
+        "convex_fit": {"targets": {"next_embedding": [layer, layer]}},
+        "next_embedding": {"cosine": [0.1, 0.2, 0.9], "median_rank_cosine": [500, 100, 1]},
+        "baseline": {"order": {"energy_beta_4": {**order, "verdict": "not supported (x)"}}},
+    }
+    page = hypotheses_html_section(data)
+    assert "&lt;and&gt;" in page and "<and>" not in page
+    assert "supported" in page and "not supported (x)" in page
+    assert page.count("<tr>") == 1 + 1 + 1 + 2 and "0.900" in page
