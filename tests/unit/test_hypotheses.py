@@ -289,9 +289,9 @@ def test_the_report_section_renders_the_json_escaped():
         "order": {"energy_beta_4": order},
         "convex_fit": {"targets": {"next_embedding": [layer, layer]}},
         "next_embedding": {"cosine": [0.1, 0.2, 0.9], "median_rank_cosine": [500, 100, 1]},
-        "baseline": {"order": {"energy_beta_4": {**order, "verdict": "not supported (x)"}}},
+        "baseline": {"order": {"energy_beta_4": {**order, "verdict": "not supported (<x>)"}}},
     }
     page = hypotheses_html_section(data)
     assert "&lt;and&gt;" in page and "<and>" not in page
-    assert "supported" in page and "not supported (x)" in page
+    assert "supported" in page and "not supported (&lt;x&gt;)" in page
     assert page.count("<tr>") == 1 + 1 + 1 + 2 and "0.900" in page
