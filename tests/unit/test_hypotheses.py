@@ -295,3 +295,22 @@ def test_the_report_section_renders_the_json_escaped():
     assert "&lt;and&gt;" in page and "<and>" not in page
     assert "supported" in page and "not supported (&lt;x&gt;)" in page
     assert page.count("<tr>") == 1 + 1 + 1 + 2 and "0.900" in page
+
+
+def test_the_command_refuses_bad_input_in_one_line_before_loading_a_model(tmp_path, capsys):
+    import json
+
+    from tests._cli import one_error_line, run_cli
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"kind": "trace", "status": "complete", "config": {}}))
+    code, _out, err = run_cli(["hypotheses", tmp_path / "nothing"], capsys)
+    assert code == 2 and "not a tokenfield run" in one_error_line(err)
+    code, _out, err = run_cli(["hypotheses", run, "--shuffles", "0"], capsys)
+    assert code == 2 and "--shuffles must be a positive integer" in one_error_line(err)
+    (tmp_path / "file").write_text("x")
+    code, _out, err = run_cli(["hypotheses", run, "--out", tmp_path / "file"], capsys)
+    assert code == 2 and "is a file, not a directory" in one_error_line(err)
+    code, _out, err = run_cli(["hypotheses", run], capsys)  # no prompts: before any model
+    assert code == 2 and "fewer than 2 prompts" in one_error_line(err)

@@ -64,6 +64,7 @@ def hypotheses_command(
     """Measure the order panel, attention as a convex fit and the next-token embedding."""
     from tokenfield.pipelines.hypotheses import (
         HypothesesSettings,
+        check_out,
         hypotheses,
         write_hypotheses,
     )
@@ -76,9 +77,10 @@ def hypotheses_command(
         shuffles=shuffles,
         seed=seed,
     )
-    read_run_info(run)  # a bad RUN fails before any model loads
+    read_run_info(run)  # a bad RUN, BASELINE or --out fails before any model loads
     if baseline is not None:
         read_run_info(baseline)
+    check_out(out if out is not None else run)
     result = hypotheses(
         run,
         baseline=baseline,
