@@ -89,6 +89,13 @@ _EXPORTS: dict[str, str] = {
     "stationary_distribution": "tokenfield.analysis.markov",
     "logit_lens_summary": "tokenfield.analysis.lens",
     "attention_matrices": "tokenfield.models.attention",
+    # the source material's other hypotheses (issue 24)
+    "hypotheses": "tokenfield.pipelines.hypotheses",
+    "write_hypotheses": "tokenfield.pipelines.hypotheses",
+    "HypothesesSettings": "tokenfield.pipelines.hypotheses",
+    "order_panel": "tokenfield.analysis.order",
+    "convex_fit": "tokenfield.analysis.convex_fit",
+    "next_embedding_curve": "tokenfield.analysis.next_embedding",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -23,6 +23,7 @@ from tokenfield.cli import (  # noqa: E402,F401  isort: skip
     analyze_cmd,
     conformance_cmd,
     demo_cmd,
+    hypotheses_cmd,
     lens_cmd,
     meanfield_cmd,
     models_cmd,

@@ -1,0 +1,78 @@
+"""An HTML section for the report from ``hypotheses.json`` (``tokenfield hypotheses``).
+
+:func:`hypotheses_html_section` takes the JSON data (never computes) and returns two
+escaped tables: the order panel (slope, interval, R^2, monotone fraction and verdict,
+with the random copy's verdict beside) and, per layer, the share of heads passing the
+convex-fit test and the next-token embedding's cosine and median rank. Wiring it into
+the report is one call where the report gathers its sections (e.g. beside
+``theory_html_section`` when ``RUN/hypotheses.json`` exists).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+__all__ = ["hypotheses_html_section"]
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, spec)
+
+
+def hypotheses_html_section(data: dict[str, Any]) -> str:
+    """Two HTML tables summarising ``hypotheses.json``."""
+    base = data.get("baseline") or {}
+    rows = []
+    for name, row in data["order"].items():
+        other = (base.get("order") or {}).get(name, {})
+        low, high = row["slope_ci"]
+        cells = (
+            name,
+            _fmt(row["slope"], "+.4f"),
+            f"[{_fmt(low, '+.4f')}, {_fmt(high, '+.4f')}]",
+            _fmt(row["r2"], ".2f"),
+            _fmt(row["monotone_fraction"], ".2f"),
+            row["verdict"],
+            other.get("verdict", ""),
+        )
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    head = ("quantity", "slope", "95 % interval", "R^2", "monotone", "verdict", "random copy")
+    order = (
+        "<table class='hypotheses-order'><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+    fit = data["convex_fit"]["targets"]["next_embedding"]
+    base_fit = ((base.get("convex_fit") or {}).get("targets") or {}).get("next_embedding") or []
+    nxt = data["next_embedding"]
+    layer_rows = []
+    for layer, summary in enumerate(fit):
+        cells = (
+            layer,
+            _fmt(summary["share_passing"], ".2f"),
+            _fmt(base_fit[layer]["share_passing"], ".2f") if layer < len(base_fit) else "",
+            _fmt(summary["median_gap"], ".3g"),
+            _fmt(summary["median_gap_uniform"], ".3g"),
+            _fmt(nxt["cosine"][layer + 1], ".3f"),
+            _fmt(nxt["median_rank_cosine"][layer + 1], ".0f"),
+        )
+        layer_rows.append(
+            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
+        )
+    head2 = ("layer", "heads passing", "random copy", "median Q", "Q uniform",
+             "cos(x, e_next) after", "median rank")  # fmt: skip
+    layers = (
+        "<table class='hypotheses-layers'><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head2)
+        + "</tr>"
+        + "".join(layer_rows)
+        + "</table>"
+    )
+    rule = html.escape(str(data.get("rule", "")))
+    return f"<section class='hypotheses'><h2>Hypotheses</h2><p>{rule}</p>{order}{layers}</section>"
