@@ -146,28 +146,25 @@ def test_small_perturbations_follow_the_linear_map():
     assert not bool(out["flipped"][0].any())
 
 
-def test_attractors_command_end_to_end(tmp_path, monkeypatch):
+def test_attractors_command_end_to_end(tmp_path, cli):
     """Trace a tiny model, run 'tokenfield attractors' on it: attractors.json with
     verdicts for the model and its random copy, attractors.zarr with the arrays;
     a bad theta grid is one line and exit status 2."""
     import xarray as xr
-    from typer.testing import CliRunner
 
     from tests.integration.tiny import save_tiny
-    from tokenfield.cli import app
 
     model_dir = save_tiny("llama", tmp_path / "tiny-llama")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"text": t, "category": "ab"[i % 2]}) + "\n"
                                for i, t in enumerate(MULTI)))  # fmt: skip
     run = tmp_path / "run"
-    runner = CliRunner()
-    result = runner.invoke(app, ["trace", "-m", str(model_dir), "-p", str(prompts), "-o", str(run)])
-    assert result.exit_code == 0, result.output
+    result = cli(["trace", "-m", model_dir, "-p", prompts, "-o", run])
+    assert result.code == 0, result.err
     args = ["attractors", str(run), "--directions", "4", "--thetas", "0.01,0.1,1",
             "--pairs", "3", "--lambdas", "5", "--max-iter", "4", "--bootstrap", "50"]  # fmt: skip
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
+    result = cli(args)
+    assert result.code == 0, result.err
     data = json.loads((run / "attractors.json").read_text())
     assert data["trained"]["n_blocks"] == 3 and data["random"] is not None
     assert data["verdicts"]["basins"]["text"].startswith("the category regions act as basins")
@@ -176,6 +173,6 @@ def test_attractors_command_end_to_end(tmp_path, monkeypatch):
     ds = xr.open_zarr(run / "attractors.zarr")
     assert ds["ftle"].shape == (len(MULTI), 3, 4)
     assert ds["random_basin_radius"].shape == (len(data["trained"]["blocks"]), len(MULTI))
-    bad = runner.invoke(app, ["attractors", str(run), "--thetas", "1,0.1"])
-    assert bad.exit_code == 2
-    assert "--thetas" in bad.output and "Traceback" not in bad.output
+    bad = cli(["attractors", run, "--thetas", "1,0.1"])
+    assert bad.code == 2
+    assert "--thetas" in bad.err and "Traceback" not in bad.err

@@ -95,9 +95,7 @@ class AttractorConfig:
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ParameterError(
-                "k", f"k must be at least 1, got {self.k}", "pass {name} 1 or more"
-            )
+            raise UserError(f"k must be at least 1, got {self.k}", "pass k=1 or more (--k)")
         if self.directions < 1:
             raise ParameterError(
                 "directions", f"need at least one direction, got {self.directions}",
