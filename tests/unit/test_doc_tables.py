@@ -25,6 +25,7 @@ TABLE_SCRIPTS = (
     "theory_lens_tables",
     "conformance_tables",
     "simulator_tables",
+    "attractors_tables",
 )
 
 

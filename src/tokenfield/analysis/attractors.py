@@ -186,18 +186,20 @@ def basin_verdict(
     blocks: Sequence[int],
     trained: tuple[np.ndarray, np.ndarray, np.ndarray],
     difference: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    line_slope: float = LINEAR_SLOPE,
 ) -> dict[str, Any]:
     """ "The category regions act as basins from block l on: supported / not supported".
 
     ``trained``: ``(mean, low, high)`` of the mean log10 switch slope of
     different-category pairs per tested block; ``difference``: the same for
     trained minus random-weight copy (``None``: no copy, never supported).
-    Block ``l`` passes when ``low > log10(LINEAR_SLOPE)`` and the difference's
+    Block ``l`` passes when ``low > log10(line_slope)`` (the straight line's
+    slope on the same lambda grid, :func:`linear_slope`) and the difference's
     ``low > 0``; the verdict names the earliest block from which every later
     tested block passes.
     """
     blocks = [int(b) for b in blocks]
-    line = float(np.log10(LINEAR_SLOPE))
+    line = float(np.log10(line_slope))
     passes = []
     for i in range(len(blocks)):
         ok = bool(trained[1][i] > line)

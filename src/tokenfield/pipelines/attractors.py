@@ -344,7 +344,7 @@ def _summarise(arrays, config, blocks, ftle_blocks, n_blocks) -> dict[str, Any]:
         ).tolist(),
         "flip_rate": arrays["flipped"][:, :, :-1].mean(axis=(2, 3)).tolist(),
         "kl_median": np.nanmedian(arrays["kl"][:, :, :-1], axis=(2, 3)).tolist(),
-        "linear_slope": stats.LINEAR_SLOPE,
+        "linear_slope": stats.linear_slope(config.lambdas),
     }
     for kind, basin in arrays["basins"].items():
         if basin["pairs"].shape[0] == 0:
@@ -391,7 +391,9 @@ def compare(
     if random is not None:
         diff = _pair_difference(trained["arrays"]["basins"]["different"],
                                 random["arrays"]["basins"]["different"], config)  # fmt: skip
-    verdicts["basins"] = stats.basin_verdict(blocks, trained_iv, diff)
+    verdicts["basins"] = stats.basin_verdict(
+        blocks, trained_iv, diff, stats.linear_slope(config.lambdas)
+    )
     if diff is not None:
         verdicts["basins"]["difference_log10_slope"] = {
             "mean": diff[0].tolist(), "low": diff[1].tolist(), "high": diff[2].tolist()}  # fmt: skip
