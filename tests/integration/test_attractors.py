@@ -170,6 +170,11 @@ def test_attractors_command_end_to_end(tmp_path, cli):
     assert data["verdicts"]["basins"]["text"].startswith("the category regions act as basins")
     assert all("toward the output" in v["text"] or "neutral" in v["text"]
                for v in data["verdicts"]["ftle"])  # fmt: skip
+    section = (run / "attractors.html").read_text()
+    assert section.startswith("<section>") and "Is it an attractor?" in section
+    report = cli(["report", "--section", run / "attractors.html", "-o", tmp_path / "r.html"])
+    assert report.code == 0, report.err
+    assert "Is it an attractor?" in (tmp_path / "r.html").read_text()
     ds = xr.open_zarr(run / "attractors.zarr")
     assert ds["ftle"].shape == (len(MULTI), 3, 4)
     assert ds["random_basin_radius"].shape == (len(data["trained"]["blocks"]), len(MULTI))

@@ -12,7 +12,8 @@ model, or :func:`tokenfield.pipelines.flow.random_copy`), measures with
 
 summarises with :mod:`tokenfield.analysis.attractors` (bootstrap over prompts,
 verdicts on the rules of ``docs/attractors.md``) and writes ``attractors.json``
-and ``attractors.zarr`` atomically into the run (or ``out``).
+and ``attractors.zarr`` atomically into the run (or ``out``), and the report
+fragment ``attractors.html`` (``tokenfield report --section RUN/attractors.html``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
 
 ATTRACTORS_JSON = "attractors.json"
 ATTRACTORS_ZARR = "attractors.zarr"
+ATTRACTORS_HTML = "attractors.html"
 DEFAULT_THETAS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.4, 0.7, 1.0)
 DEFAULT_LAMBDAS = tuple(float(x) for x in np.linspace(0, 1, 11))
 
@@ -563,9 +565,13 @@ def attractors(
               "start_block": np.asarray(s["blocks"]), "theta": np.asarray(s["thetas"]),
               "lambda": np.asarray(s["lambdas"])}  # fmt: skip
     write_zarr(target / ATTRACTORS_ZARR, variables, coords)
-    return write_json_atomic(
-        target / ATTRACTORS_JSON, json.loads(json.dumps(summary, default=_plain))
-    )
+    plain = json.loads(json.dumps(summary, default=_plain))
+    from tokenfield._io import write_atomic
+    from tokenfield.viz.attractors import attractors_html_section
+
+    section = f"<section>{attractors_html_section(plain)}</section>\n"
+    write_atomic(target / ATTRACTORS_HTML, section)
+    return write_json_atomic(target / ATTRACTORS_JSON, plain)
 
 
 def _plain(value: Any) -> Any:
