@@ -62,16 +62,18 @@ def render_model(title: str, data: dict) -> str:
         lines.append(f"| {block} | {_iv(trained['ftle_top'], i)} | {_iv(random['ftle_top'], i)} |")
     lines += ["", "Perturbation recovery and basins at the start blocks:", ""]
     lines += [
-        "| start block | basin radius (median, rad): trained | random | flip rate (all angles): "
-        "trained | random | switch slope, different categories: trained | random |",
-        "|---|---|---|---|---|---|---|",
+        "| start block | angle ratio at the smallest angle (median, random directions): "
+        "trained | random | basin radius (median, rad): trained | random | flip rate (all "
+        "angles): trained | random | switch slope, different categories: trained | random |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     dt, dr = trained["basin_different"]["log10_slope"], random["basin_different"]["log10_slope"]
     for i, block in enumerate(trained["blocks"]):
         ft = sum(trained["flip_rate"][i]) / len(trained["flip_rate"][i])
         fr = sum(random["flip_rate"][i]) / len(random["flip_rate"][i])
         lines.append(
-            f"| {block} | {trained['basin_radius_median'][i]:.3g} | "
+            f"| {block} | {trained['angle_ratio_median'][i][0]:.2f} | "
+            f"{random['angle_ratio_median'][i][0]:.2f} | {trained['basin_radius_median'][i]:.3g} | "
             f"{random['basin_radius_median'][i]:.3g} | {100 * ft:.1f} % | {100 * fr:.1f} % | "
             f"{_slope(dt, i)} | {_slope(dr, i)} |"
         )
