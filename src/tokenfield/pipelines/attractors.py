@@ -495,7 +495,7 @@ def attractors(
     """
     from tokenfield._device import parse_device
     from tokenfield._io import write_json_atomic
-    from tokenfield.runs import check_baseline, read_run_info
+    from tokenfield.runs import check_baseline, check_results_writable, read_run_info
 
     run = Path(run)
     read_run_info(run)
@@ -513,6 +513,7 @@ def attractors(
     parse_device(config.device)
     target = Path(out) if out is not None else run
     target.mkdir(parents=True, exist_ok=True)
+    check_results_writable(target, "attractors")  # before the model is loaded
     prompts = _prompts_of_run(run)
 
     with contextlib.ExitStack() as stack:
