@@ -160,3 +160,32 @@ def test_config_refuses_bad_theta_grids(bad):
 
     with pytest.raises(ParameterError):
         AttractorConfig(thetas=tuple(bad))
+
+
+def _summary(ftle_mean):
+    n = len(ftle_mean)
+    iv = {
+        "mean": ftle_mean,
+        "low": [m - 0.1 for m in ftle_mean],
+        "high": [m + 0.1 for m in ftle_mean],
+    }
+    return {"model": "m", "ftle_blocks": list(range(n)), "ftle_top": iv, "blocks": [0, 1],
+            "angle_ratio_median": [[0.5, 0.6], [2.0, 1.0]], "basin_radius_median": [0.3, 0.01],
+            "basin_different": {"log10_slope": {"mean": [0.5, 0.7], "low": [0.4, 0.6],
+                                                "high": [0.6, 0.8]}}}  # fmt: skip
+
+
+def test_report_fragment_and_figure_show_both_models():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tokenfield.viz.attractors import attractors_html_section, plot_attractors
+
+    data = {"trained": _summary([0.1, -0.2, 0.3]), "random": _summary([0.0, 0.0, 0.05]),
+            "verdicts": {"ftle": [{"text": "blocks 0-2: x"}], "ftle_random": [{"text": "r"}],
+                         "basins": {"text": "the category regions act as basins: not supported"}}}  # fmt: skip
+    section = attractors_html_section(data)
+    assert "-0.200 [-0.300, -0.100]" in section and "random copy: r" in section
+    assert section.count("<tr>") == 1 + 3 + 1 + 2  # two tables: header + rows each
+    fig = plot_attractors({"m": data})
+    assert len(fig.axes[0].lines) >= 2 and len(fig.axes[1].lines) >= 2

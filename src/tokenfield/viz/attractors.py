@@ -54,3 +54,49 @@ def attractors_html_section(data: dict[str, Any]) -> str:
         f"<table><tr><th>start block</th>{basin_head}</tr>{''.join(basin_rows)}</table>"
         f"<ul>{''.join(items)}</ul>"
     )
+
+
+def plot_attractors(results: dict[str, dict[str, Any]], axes: Any = None) -> Any:
+    """Two panels from ``attractors.json``-shaped summaries keyed by model name:
+    the top FTLE per start block (mean and interval; the random-weight copy dashed)
+    and the median angle ratio of random directions at the smallest angle.
+
+    Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    else:
+        fig = axes[0].figure
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for color, (name, data) in zip(colors, results.items(), strict=False):
+        for side, style in (("trained", "-"), ("random", "--")):
+            summary = data.get(side)
+            if not summary:
+                continue
+            label = f"{name}{' (random copy)' if side == 'random' else ''}"
+            blocks = summary["ftle_blocks"]
+            ftle = summary["ftle_top"]
+            axes[0].errorbar(
+                blocks,
+                ftle["mean"],
+                yerr=[
+                    [m - lo for m, lo in zip(ftle["mean"], ftle["low"], strict=True)],
+                    [hi - m for m, hi in zip(ftle["mean"], ftle["high"], strict=True)],
+                ],
+                fmt="o" + style,
+                color=color,
+                label=label,
+                capsize=3,
+            )
+            ratio = [row[0] for row in summary["angle_ratio_median"]]
+            axes[1].plot(summary["blocks"], ratio, "o" + style, color=color, label=label)
+    axes[0].axhline(0, color="grey", lw=0.8)
+    axes[0].set(xlabel="start block l", ylabel="top FTLE to the output (per layer)",
+                title="most sensitive direction")  # fmt: skip
+    axes[1].axhline(1, color="grey", lw=0.8)
+    axes[1].set(xlabel="start block l", ylabel="median angle(x_L', x_L) / theta", yscale="log",
+                title="random directions, smallest angle")  # fmt: skip
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
