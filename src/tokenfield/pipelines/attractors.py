@@ -521,12 +521,9 @@ def attractors(
             from tokenfield._progress import ProgressBar
 
             bar = stack.enter_context(ProgressBar("attractors", total=100, unit="%"))
-            state = {"label": ""}
 
             def callback(stage: str, fraction: float) -> None:
-                if stage != state["label"]:
-                    state["label"] = stage
-                bar.update(completed=100 * fraction) if hasattr(bar, "update") else None
+                bar.update(completed=100 * fraction, label=f"attractors: {stage}")
 
         else:
             callback = progress or None
