@@ -189,3 +189,11 @@ def test_report_fragment_and_figure_show_both_models():
     assert section.count("<tr>") == 1 + 3 + 1 + 2  # two tables: header + rows each
     fig = plot_attractors({"m": data})
     assert len(fig.axes[0].lines) >= 2 and len(fig.axes[1].lines) >= 2
+
+
+def test_switch_point_is_where_b_holds_to_the_end():
+    lam = [0.0, 0.25, 0.5, 0.75, 1.0]
+    is_b = np.array([[0, 0, 1, 1, 1], [0, 1, 0, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).T
+    out = stats.switch_point(is_b, lam)
+    np.testing.assert_array_equal(out[:2], [0.5, 0.75])
+    assert np.isnan(out[2]) and out[3] == 0.0

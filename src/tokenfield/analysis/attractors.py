@@ -37,6 +37,7 @@ __all__ = [
     "linear_slope",
     "logistic_slope",
     "switch_fraction",
+    "switch_point",
 ]
 
 CONFIDENCE = 0.95
@@ -98,6 +99,18 @@ def switch_fraction(final: np.ndarray, final_a: np.ndarray, final_b: np.ndarray)
     to_a, to_b = angle(final, final_a[None]), angle(final, final_b[None])
     total = to_a + to_b
     return np.where(total > 0, to_a / np.where(total > 0, total, 1), 0.5)
+
+
+def switch_point(is_b: np.ndarray, lambdas: Sequence[float]) -> np.ndarray:
+    """Per pair, the first ``lambda`` from which an indicator ``(n_lambda, P)`` (the
+    nearest centroid is B's, or the top-1 token is B's) holds up to ``lambda = 1``;
+    NaN where it does not hold at ``lambda = 1`` (the run never switched)."""
+    lam = np.asarray(lambdas, dtype=float)
+    held = np.asarray(is_b, dtype=float) > 0.5
+    tail = np.flip(np.cumprod(np.flip(held, axis=0), axis=0), axis=0).astype(bool)
+    count = tail.sum(axis=0)  # how many trailing points hold
+    first = lam.size - count
+    return np.where(count > 0, lam[np.minimum(first, lam.size - 1)], np.nan)
 
 
 def _logistic(lam: np.ndarray, slope: float, mid: float) -> np.ndarray:

@@ -357,9 +357,23 @@ def _summarise(arrays, config, blocks, ftle_blocks, n_blocks) -> dict[str, Any]:
             "n_pairs": int(basin["pairs"].shape[0]),
             "log10_slope": _interval(log_slope, config),
             "centroid_switch": np.nanmean(basin["centroid_is_b"][:, -1], axis=1).tolist(),
+            "centroid_switch_lambda": [
+                _nanmedian(stats.switch_point(basin["centroid_is_b"][i], config.lambdas))
+                for i in range(basin["slope"].shape[0])
+            ],
+            "top1_switch_lambda": [
+                _nanmedian(stats.switch_point(basin["top1_is_b"][i], config.lambdas))
+                for i in range(basin["slope"].shape[0])
+            ],
             "top1_switch": np.nanmean(basin["top1_is_b"][:, -1], axis=1).tolist(),
         }
     return summary
+
+
+def _nanmedian(values: np.ndarray) -> float | None:
+    """The median over pairs that switched (``None`` when none did)."""
+    values = np.asarray(values, dtype=float)
+    return float(np.nanmedian(values)) if np.isfinite(values).any() else None
 
 
 def _pair_difference(trained: dict, random: dict, config: AttractorConfig) -> Any:
