@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "analyze_simulation": "tokenfield.analysis.simulation",
     "analyze": "tokenfield.analysis.run_analysis",
     "analyze_run": "tokenfield.pipelines.analyze",
+    "attractors": "tokenfield.pipelines.attractors",
     "RunAnalysis": "tokenfield.analysis.run_analysis",
     "fit_projection": "tokenfield.analysis.projection",
     "load_projection": "tokenfield.analysis.projection",

@@ -26,6 +26,7 @@ TABLE_SCRIPTS = (
     "conformance_tables",
     "simulator_tables",
     "hypotheses_tables",
+    "attractors_tables",
 )
 
 

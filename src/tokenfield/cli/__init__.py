@@ -21,6 +21,7 @@ from tokenfield.errors import UserError
 # Importing these registers their commands on `app`.
 from tokenfield.cli import (  # noqa: E402,F401  isort: skip
     analyze_cmd,
+    attractors_cmd,
     conformance_cmd,
     demo_cmd,
     hypotheses_cmd,

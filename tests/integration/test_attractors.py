@@ -1,0 +1,183 @@
+"""The attractor analysis on tiny random-weight models: the last token's layer map,
+its Jacobian products against finite differences and full Jacobians, and the
+command end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.integration.tiny import PROMPTS, tiny_loaded
+from tokenfield.models.jacobian import LayerMap, tangent_maps, top_singular
+
+MULTI = [p for p in PROMPTS if len(p.split()) > 1]
+
+
+def _layer_map(kind: str = "llama", double: bool = False) -> LayerMap:
+    model = tiny_loaded(kind)
+    if double:
+        model.model.double()
+    ids = [model.tokenizer(p)["input_ids"] for p in MULTI]
+    return LayerMap(model, ids)
+
+
+def _full_jacobian(f, x: torch.Tensor) -> torch.Tensor:
+    """``(B, d, d)`` built column by column: ``J e_i`` by central differences in
+    float64 would be noisier than needed, so column ``i`` is ``jvp(f, e_i)`` of the
+    plain map (no projection, no subspace code)."""
+    batch, d = x.shape
+    cols = []
+    for i in range(d):
+        e = torch.zeros_like(x)
+        e[:, i] = 1
+        cols.append(torch.func.jvp(f, (x,), (e,))[1])
+    return torch.stack(cols, dim=-1)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_layer_map_replays_each_prompt_alone(kind):
+    """The batched, left-padded map gives every prompt's own last-token states
+    (plain Hugging Face, one prompt at a time), block by block."""
+    layer_map = _layer_map(kind)
+    model = layer_map.model
+    for row, text in enumerate(MULTI):
+        ids = torch.tensor([model.tokenizer(text)["input_ids"]])
+        hidden = model.model(ids, output_hidden_states=True).hidden_states
+        for t in range(layer_map.n_blocks):  # the last entry is after the final norm
+            assert torch.allclose(layer_map.states[row, t], hidden[t][0, -1], atol=1e-5)
+        x = layer_map.states[:, 1]
+        assert torch.allclose(layer_map.block(1, x), layer_map.states[:, 2], atol=1e-6)
+
+
+def test_jvp_and_vjp_match_central_differences():
+    """``J v`` and ``u^T J`` of a block of the float32 model against central
+    differences of the same float32 map. Float32 rounds at eps = 1.2e-7; with the
+    step ``h = 1e-2 |x|`` the difference quotient's rounding error is about
+    eps |f| / h ~ 1e-5 relative and its truncation error h^2 |f'''| ~ 1e-4: a
+    relative tolerance of 2e-3 holds with a margin of about 10, while a wrong
+    column or prompt order is off by O(1)."""
+    layer_map = _layer_map()
+    block = 1
+    x = layer_map.states[:, block]  # (B, d) float32
+    batch, d = x.shape
+    m = 3
+    matvec, rmatvec = tangent_maps(layer_map.block_fn(block), x, m)
+    gen = torch.Generator().manual_seed(1)
+    v = torch.randn(batch, d, m, generator=gen)
+    u = torch.randn(batch, d, m, generator=gen)
+    h = 1e-2 * x.norm(dim=-1)[:, None]
+    f = layer_map.block_fn(block)
+    jv = matvec(v)
+    ujt = rmatvec(u)
+    for col in range(m):
+        step = h * v[..., col]
+        fd = (f(x + step) - f(x - step)) / (2 * h)
+        err = (jv[..., col] - fd).norm(dim=-1) / fd.norm(dim=-1)
+        assert float(err.max()) < 2e-3
+        # u^T J v from the vjp against u . (J v) from the differences
+        lhs = (ujt[..., col] * v[..., col]).sum(-1)
+        rhs = (u[..., col] * fd).sum(-1)
+        scale = u[..., col].norm(dim=-1) * fd.norm(dim=-1)  # |u^T w| <= |u| |w|
+        assert float(((lhs - rhs).abs() / scale).max()) < 2e-3
+
+
+def test_singular_values_match_the_full_jacobian():
+    """Top-4 singular values of a block Jacobian and of its angular part
+    ``P(y') J P(y) |x| / |x'|`` (float64) against the SVD of the Jacobian built
+    column by column: within 1e-5 relative."""
+    layer_map = _layer_map(double=True)
+    block = 1
+    x = layer_map.states[:, block]
+    f = layer_map.block_fn(block)
+    jac = _full_jacobian(f, x)  # (B, d, d)
+    exact = torch.linalg.svdvals(jac)[:, :4]
+    spec = top_singular(f, x, 4, oversample=32, tol=1e-12, max_iter=3)
+    assert float(((spec.values - exact).abs() / exact).max()) < 1e-5
+    y, out = x / x.norm(dim=-1, keepdim=True), f(x)
+    y_out = out / out.norm(dim=-1, keepdim=True)
+    eye = torch.eye(x.shape[-1], dtype=x.dtype)
+    p_in = eye - y[:, :, None] * y[:, None, :]
+    p_out = eye - y_out[:, :, None] * y_out[:, None, :]
+    scale = (x.norm(dim=-1) / out.norm(dim=-1))[:, None, None]
+    exact_angular = torch.linalg.svdvals(p_out @ jac @ p_in * scale)[:, :4]
+    spec = top_singular(f, x, 4, angular=True, oversample=32, tol=1e-12, max_iter=3)
+    assert float(((spec.values - exact_angular).abs() / exact_angular).max()) < 1e-5
+    # the most sensitive direction is tangent
+    assert float((spec.right[..., 0] * y).sum(-1).abs().max()) < 1e-10
+
+
+def test_block_product_matches_the_composite_map():
+    """``J_{L-1} ... J_0`` (each block's Jacobian at its own traced state) against
+    the Jacobian of the composite map ``x_0 -> x_L`` (float64, within 1e-6), and the
+    top FTLE singular value of the composite against the product's."""
+    layer_map = _layer_map(double=True)
+    n = layer_map.n_blocks
+    product = None
+    for block in range(n):
+        jac = _full_jacobian(layer_map.block_fn(block), layer_map.states[:, block])
+        product = jac if product is None else jac @ product
+    x0 = layer_map.states[:, 0]
+    composite = _full_jacobian(layer_map.onward_fn(0), x0)
+    rel = (product - composite).norm(dim=(-2, -1)) / composite.norm(dim=(-2, -1))
+    assert float(rel.max()) < 1e-6
+    spec = top_singular(layer_map.onward_fn(0), x0, 1, oversample=32, tol=1e-12, max_iter=3)
+    exact = torch.linalg.svdvals(product)[:, 0]
+    assert float(((spec.values[:, 0] - exact).abs() / exact).max()) < 1e-6
+
+
+def test_small_perturbations_follow_the_linear_map():
+    """At theta = 1e-4 along the most sensitive direction, the final angle ratio
+    is the top angular singular value of the product (the linear regime), and the
+    recovery arrays have the documented shapes."""
+    from tokenfield.models.jacobian import perturbation_recovery
+
+    layer_map = _layer_map(double=True)
+    start = 1
+    x = layer_map.states[:, start]
+    spec = top_singular(layer_map.onward_fn(start), x, 1, angular=True, oversample=32,
+                        tol=1e-12, max_iter=3)  # fmt: skip
+    direction = spec.right[..., 0][None]  # (1, B, d)
+    out = perturbation_recovery(layer_map, start, [1e-4, 1e-3], direction)
+    assert out["angle_ratio"].shape == (2, 1, len(MULTI))
+    ratio = out["angle_ratio"][0, 0]
+    assert float(((ratio - spec.values[:, 0]).abs() / spec.values[:, 0]).max()) < 1e-2
+    assert not bool(out["flipped"][0].any())
+
+
+def test_attractors_command_end_to_end(tmp_path, cli):
+    """Trace a tiny model, run 'tokenfield attractors' on it: attractors.json with
+    verdicts for the model and its random copy, attractors.zarr with the arrays;
+    a bad theta grid is one line and exit status 2."""
+    import xarray as xr
+
+    from tests.integration.tiny import save_tiny
+
+    model_dir = save_tiny("llama", tmp_path / "tiny-llama")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"text": t, "category": "ab"[i % 2]}) + "\n"
+                               for i, t in enumerate(MULTI)))  # fmt: skip
+    run = tmp_path / "run"
+    result = cli(["trace", "-m", model_dir, "-p", prompts, "-o", run])
+    assert result.code == 0, result.err
+    args = ["attractors", str(run), "--directions", "4", "--thetas", "0.01,0.1,1",
+            "--pairs", "3", "--lambdas", "5", "--max-iter", "4", "--bootstrap", "50"]  # fmt: skip
+    result = cli(args)
+    assert result.code == 0, result.err
+    data = json.loads((run / "attractors.json").read_text())
+    assert data["trained"]["n_blocks"] == 3 and data["random"] is not None
+    assert data["verdicts"]["basins"]["text"].startswith("the category regions act as basins")
+    assert all("toward the output" in v["text"] or "neutral" in v["text"]
+               for v in data["verdicts"]["ftle"])  # fmt: skip
+    section = (run / "attractors.html").read_text()
+    assert section.startswith("<section>") and "Is it an attractor?" in section
+    report = cli(["report", "--section", run / "attractors.html", "-o", tmp_path / "r.html"])
+    assert report.code == 0, report.err
+    assert "Is it an attractor?" in (tmp_path / "r.html").read_text()
+    ds = xr.open_zarr(run / "attractors.zarr")
+    assert ds["ftle"].shape == (len(MULTI), 3, 4)
+    assert ds["random_basin_radius"].shape == (len(data["trained"]["blocks"]), len(MULTI))
+    bad = cli(["attractors", run, "--thetas", "1,0.1"])
+    assert bad.code == 2
+    assert "--thetas" in bad.err and "Traceback" not in bad.err
