@@ -360,7 +360,10 @@ def stability_spectrum(
     """Growth rates of modes ``0..max_mode`` of the uniform measure.
 
     Args:
-        beta, dim, normalization, time: see :func:`growth_rates`.
+        beta: as in :func:`growth_rates`.
+        dim: as in :func:`growth_rates`.
+        normalization: as in :func:`growth_rates`.
+        time: as in :func:`growth_rates`.
         max_mode: the last mode (default :func:`default_max_mode`).
         n_particles: give the discrete rates of ``n`` equispaced particles on
             the circle instead of the continuum (``d = 2`` only; modes up to ``n/2``).

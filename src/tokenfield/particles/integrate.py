@@ -355,8 +355,8 @@ def simulate(
         solver: ``"euler"``, ``"rk4"``, ``"adaptive"`` or a solver instance.
         saveat: what to keep (default: every step).
         t0: start time.
-        dtype, device: where to compute (default: those of ``x0``; arrays give
-            float64 on CPU).
+        dtype: the dtype to compute in (default: that of ``x0``; arrays give float64).
+        device: where to compute (default: that of ``x0``; arrays: the CPU).
         out: stream the run into this directory (resumes an interrupted run
             made by the same call).
         overwrite: replace a run already at ``out``.
