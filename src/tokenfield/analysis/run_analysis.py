@@ -143,6 +143,22 @@ class RunAnalysis:
 
     to_metrics = to_dict  # the old name of the one serialisation verb
 
+    def _repr_html_(self) -> str:
+        """The summary table of the report (and of ``tokenfield analyze``), for Jupyter."""
+        from tokenfield._html import html_table
+
+        rows = summary_rows(self.to_dict())
+        has_baseline = self.baseline is not None
+        headers = ["measure", "run", "baseline"] if has_baseline else ["measure", "run"]
+        cells = [row if has_baseline else row[:2] for row in rows]
+        info = self.info
+        what = f"{info.get('kind', 'run')} of {info['model']}" if info.get("model") else "run"
+        caption = (
+            f"RunAnalysis: {what}, {info.get('n_particles')} particles x "
+            f"{info.get('n_time')} time steps x {info.get('n_features')} features"
+        )
+        return html_table(caption, headers, cells)
+
 
 def analyze(
     ds: xr.Dataset,
