@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PLOTLY_JS = "assets/plotly.min.js"  # in the site, beside Material's assets
 
 # floor -> (page title, one line on what it holds, module prefixes on that floor).
 # A module belongs to the floor with the longest matching prefix.
@@ -180,6 +183,24 @@ def index(entries: list[Entry]) -> str:
         floor_title = FLOORS[entry.floor][0]
         lines.append(f"| [`{entry.title}`]({entry.floor}.md) | `{entry.path}` | {floor_title} |")
     return "\n".join(lines) + "\n"
+
+
+def on_config(config):  # mkdocs hook
+    # The notebooks run in kernels started by the build: their plotly figures load
+    # the site's own copy of plotly.js (tokenfield.plot, TOKENFIELD_PLOTLY_JS), and
+    # tqdm's note that ipywidgets is missing stays out of the pages.
+    os.environ.setdefault("TOKENFIELD_PLOTLY_JS", "../" + PLOTLY_JS)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found")
+    return config
+
+
+def on_post_build(config):  # mkdocs hook
+    import plotly
+
+    source = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    target = Path(config["site_dir"]) / PLOTLY_JS
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
 
 
 def on_files(files, config):  # mkdocs hook

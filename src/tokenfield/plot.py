@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,31 @@ import xarray as xr
 from tokenfield.errors import UserError
 
 __all__ = ["attention", "energy", "paths", "separation"]
+
+# ``TOKENFIELD_PLOTLY_JS=URL``: the figures shown in Jupyter carry their HTML with a
+# ``<script src=URL>`` for plotly.js, beside plotly's own mimetype. The documentation
+# build sets it (to the site's copy of plotly.js), so the tutorial pages draw their
+# figures offline; plotly's own renderers would need a CDN or require.js.
+PLOTLY_JS_ENV = "TOKENFIELD_PLOTLY_JS"
+
+
+def _offline_renderer() -> None:
+    src = os.environ.get(PLOTLY_JS_ENV)
+    if not src:
+        return
+    import plotly.io as pio
+    from plotly.io._base_renderers import MimetypeRenderer
+
+    class ScriptSrcRenderer(MimetypeRenderer):
+        def to_mimebundle(self, fig_dict: dict) -> dict:
+            html = pio.to_html(fig_dict, include_plotlyjs=src, full_html=False, auto_play=False)
+            return {"text/html": html}
+
+    pio.renderers["tokenfield_script_src"] = ScriptSrcRenderer()
+    pio.renderers.default = "tokenfield_script_src"
+
+
+_offline_renderer()
 
 
 def _dataset(run: Any) -> xr.Dataset:
