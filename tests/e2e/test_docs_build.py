@@ -81,7 +81,9 @@ def test_the_pages_and_tutorials_are_in_the_site(site: Path) -> None:
         title = "".join(cells[0]["source"]).splitlines()[0].lstrip("# ")
         assert title in html, notebook.name
         assert "jp-Notebook" in html  # rendered by mkdocs-jupyter, not copied as a file
-    # the site reads offline: no web fonts, no script from another host
-    index = (site / "index.html").read_text()
-    assert "fonts.googleapis" not in index
-    assert not re.findall(r'<script[^>]+src="https?://', index)
+    # the site reads offline: no web fonts, no script or style from another host
+    for page in ("index.html", "api/trace.html", "tutorials/01-trace.html"):
+        html = (site / page).read_text()
+        assert "fonts.googleapis" not in html, page
+        assert not re.findall(r'<script[^>]+src="https?://', html), page
+        assert not re.findall(r'<link[^>]+rel="stylesheet"[^>]+href="https?://', html), page

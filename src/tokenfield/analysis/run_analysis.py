@@ -194,6 +194,17 @@ def analyze(
             times ``0 .. L-1``, as the seed experiment) or ``"all"``
             (``0 .. L``); see :func:`select_times`. The depth ordering is also
             reported under the other convention (``depth_by_times``).
+
+    Returns:
+        A :class:`RunAnalysis` (``to_dict()`` is the content of ``metrics.json``;
+        in Jupyter it shows as the summary table).
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> result = tf.analyze(sim)
+        >>> result.info["kind"], result.pcs.dims
+        ('simulation', ('time', 'particle', 'component'))
     """
     if "states" not in ds:
         raise UserError("the trajectory has no 'states' variable", "pass a tokenfield run")

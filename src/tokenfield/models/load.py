@@ -188,8 +188,8 @@ class ModelSpec:
         attn_implementation: e.g. ``"eager"`` when attention weights are wanted.
 
     Example:
-        >>> model = ModelSpec("smollm2", dtype="bfloat16").load()
-        >>> same = ModelSpec.from_run("runs/demo/seed-categories").load()
+        >>> model = tf.ModelSpec("smollm2", dtype="bfloat16").load()  # doctest: +SKIP
+        >>> same = tf.ModelSpec.from_run("runs/demo/seed-categories").load()  # doctest: +SKIP
     """
 
     name: str = DEFAULT_MODEL
@@ -326,6 +326,11 @@ def load_model(
 
     Raises:
         UserError: unknown name, missing file, hub unreachable, bad device/dtype.
+
+    Example:
+        >>> model = tf.load_model("smollm2")              # doctest: +SKIP
+        >>> model.n_layers, model.d_model                 # doctest: +SKIP
+        (30, 576)
     """
     _check_dtype(dtype)
     load_args = {

@@ -368,6 +368,12 @@ def simulate(
         time, particle, feature)`` for a batch), coordinates ``time`` (ODE time)
         and ``particle`` (int ids), and the config in ``attrs``. With ``out``,
         the run opened from disk (lazy).
+
+    Example:
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1)
+        >>> dict(sim.sizes)
+        {'time': 11, 'particle': 8, 'feature': 3}
     """
     if not isinstance(dynamics, Dynamics):
         raise UserError(
