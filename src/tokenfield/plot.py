@@ -54,6 +54,21 @@ def _offline_renderer() -> None:
 _offline_renderer()
 
 
+def _shown(fig: Any) -> Any:
+    """A matplotlib figure that displays in Jupyter: tokenfield draws on Agg canvases
+    without pyplot, for which IPython registers no image formatter until pyplot is
+    imported; register PNG for figures in a running IPython (nothing else changes)."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import select_figure_formats
+    except ImportError:
+        return fig
+    shell = get_ipython()
+    if shell is not None:
+        select_figure_formats(shell, {"png"}, bbox_inches="tight")
+    return fig
+
+
 def _dataset(run: Any) -> xr.Dataset:
     if isinstance(run, xr.Dataset):
         return run
@@ -178,7 +193,7 @@ def separation(analysis: Any) -> Any:
         )
     baseline = result.baseline.separation if result.baseline is not None else None
     time_name = "layer" if result.info.get("kind") == "trace" else "time"
-    return plot_separation(result.separation, baseline=baseline, time_name=time_name)
+    return _shown(plot_separation(result.separation, baseline=baseline, time_name=time_name))
 
 
 def attention(run: Any) -> Any:
@@ -202,4 +217,4 @@ def attention(run: Any) -> Any:
     from tokenfield.analysis.markov import attention_by_layer
     from tokenfield.viz.theory import plot_attention
 
-    return plot_attention(attention_by_layer(_dataset(run)))
+    return _shown(plot_attention(attention_by_layer(_dataset(run))))

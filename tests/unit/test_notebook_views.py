@@ -5,6 +5,8 @@ No model: synthetic trajectories whose answers are known (tests/unit/synthetic_t
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import pytest
 
@@ -78,7 +80,14 @@ def test_separation_and_attention_say_what_is_missing():
 def test_run_analysis_html_is_the_summary_table(categorised):
     result = tf.analyze(categorised, baseline=categorised, n_permutations=10)
     page = result._repr_html_()
-    assert page.startswith('<table class="tokenfield"><caption>RunAnalysis: trace of synthetic')
+    assert page.startswith('<table class="tokenfield"><caption>RunAnalysis: trace of synthetic,')
+    categorised.attrs["run"]["config"]["model"] = {"name": "smollm2", "source_hash": "sha256:ab"}
+    try:  # a real trace records its model as a dict: the caption names it
+        named = tf.analyze(categorised, n_permutations=10)._repr_html_()
+    finally:
+        categorised.attrs["run"]["config"]["model"] = "synthetic"
+    assert "<caption>RunAnalysis: trace of smollm2, 15 particles" in named
+    assert "source_hash" not in named
     assert "<th>baseline</th>" in page
     best = result.to_dict()["separation"]["best"]["silhouette"]
     assert f"<td>{best:.3f} (" in page  # the best silhouette, as in the report's table
@@ -111,3 +120,16 @@ def test_steering_evaluation_html_names_the_controls_and_the_verdict():
     import json
 
     assert json.loads(json.dumps(result))["verdict"] == "does not support"  # still a plain dict
+
+
+def test_matplotlib_figures_display_as_png_in_ipython(categorised):
+    interactive = pytest.importorskip("IPython.core.interactiveshell")
+    shell = interactive.InteractiveShell.instance()
+    try:
+        fig = tf.plot.separation(tf.analyze(categorised, n_permutations=10))
+        data, _metadata = shell.display_formatter.format(fig)
+    finally:
+        interactive.InteractiveShell.clear_instance()
+    png = data["image/png"]  # base64 text in recent IPython, bytes in older ones
+    raw = base64.b64decode(png) if isinstance(png, str) else png
+    assert raw[:4] == b"\x89PNG"

@@ -152,7 +152,9 @@ class RunAnalysis:
         headers = ["measure", "run", "baseline"] if has_baseline else ["measure", "run"]
         cells = [row if has_baseline else row[:2] for row in rows]
         info = self.info
-        what = f"{info.get('kind', 'run')} of {info['model']}" if info.get("model") else "run"
+        model = info.get("model")
+        model = model.get("name", "") if isinstance(model, dict) else model  # a trace: its config
+        what = f"{info.get('kind', 'run')} of {model}" if model else str(info.get("kind", "run"))
         caption = (
             f"RunAnalysis: {what}, {info.get('n_particles')} particles x "
             f"{info.get('n_time')} time steps x {info.get('n_features')} features"
