@@ -23,7 +23,7 @@ def html_table(
 
     Example:
         >>> html_table("t", ["a"], [["<b>"]])
-        '<table class="tokenfield"><caption>t</caption><thead><tr><th>a</th></tr></thead><tbody><tr><td>&lt;b&gt;</td></tr></tbody></table>'
+        '<div style="overflow-x: auto"><table class="tokenfield"><caption>t</caption><thead><tr><th>a</th></tr></thead><tbody><tr><td>&lt;b&gt;</td></tr></tbody></table></div>'
     """
 
     def cell(value: Any) -> str:
@@ -31,8 +31,10 @@ def html_table(
 
     head = "".join(f"<th>{cell(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    # a wide table scrolls inside its output area instead of being clipped by it
     table = (
-        f'<table class="tokenfield"><caption>{cell(caption)}</caption>'
-        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        f'<div style="overflow-x: auto"><table class="tokenfield">'
+        f"<caption>{cell(caption)}</caption>"
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
     )
     return table + (f"<p>{cell(note)}</p>" if note else "")
