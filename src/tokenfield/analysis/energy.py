@@ -96,6 +96,10 @@ def energy(
     Returns:
         A float for one ``(n, d)`` configuration, else an array / DataArray of
         the leading shape (one energy per time step, say).
+
+    Example:
+        >>> round(float(tf.energy(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]), beta=1.0)), 4)
+        0.9773
     """
     if isinstance(beta, bool) or not math.isfinite(float(beta)):
         raise UserError(f"beta must be a finite number, not {beta}")

@@ -166,6 +166,13 @@ def fit_projection(
 
     Returns:
         The fitted :class:`Projection`.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> frame = tf.fit_projection(sim)
+        >>> tf.project(sim, frame).shape                  # (time, particle, component)
+        (11, 8, 3)
     """
     states = _states(ds)
     if sphere:

@@ -143,6 +143,24 @@ class RunAnalysis:
 
     to_metrics = to_dict  # the old name of the one serialisation verb
 
+    def _repr_html_(self) -> str:
+        """The summary table of the report (and of ``tokenfield analyze``), for Jupyter."""
+        from tokenfield._html import html_table
+
+        rows = summary_rows(self.to_dict())
+        has_baseline = self.baseline is not None
+        headers = ["measure", "run", "baseline"] if has_baseline else ["measure", "run"]
+        cells = [row if has_baseline else row[:2] for row in rows]
+        info = self.info
+        model = info.get("model")
+        model = model.get("name", "") if isinstance(model, dict) else model  # a trace: its config
+        what = f"{info.get('kind', 'run')} of {model}" if model else str(info.get("kind", "run"))
+        caption = (
+            f"RunAnalysis: {what}, {info.get('n_particles')} particles x "
+            f"{info.get('n_time')} time steps x {info.get('n_features')} features"
+        )
+        return html_table(caption, headers, cells)
+
 
 def analyze(
     ds: xr.Dataset,
@@ -178,6 +196,17 @@ def analyze(
             times ``0 .. L-1``, as the seed experiment) or ``"all"``
             (``0 .. L``); see :func:`select_times`. The depth ordering is also
             reported under the other convention (``depth_by_times``).
+
+    Returns:
+        A :class:`RunAnalysis` (``to_dict()`` is the content of ``metrics.json``;
+        in Jupyter it shows as the summary table).
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> result = tf.analyze(sim)
+        >>> result.info["kind"], result.pcs.dims
+        ('simulation', ('time', 'particle', 'component'))
     """
     if "states" not in ds:
         raise UserError("the trajectory has no 'states' variable", "pass a tokenfield run")

@@ -83,6 +83,14 @@ class ItemResult:
     def status(self) -> str:
         return "PASS" if self.passed else "FAIL"
 
+    def _repr_html_(self) -> str:
+        """The item's row of ``conformance.html``, for Jupyter."""
+        from tokenfield._html import html_table
+
+        headers = ["item", "status", "reference", "measured", "tolerance", "seconds"]
+        row = [self.name, self.status, self.reference, self.measured, self.tolerance]
+        return html_table(f"conformance: {self.name}", headers, [[*row, f"{self.seconds:.1f}"]])
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,

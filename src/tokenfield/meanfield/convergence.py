@@ -117,7 +117,9 @@ def pde_vs_particles(
     """Solve the PDE from a von Mises bump and compare it with particle runs.
 
     Args:
-        beta, normalization, time: the dynamics.
+        beta: the dynamics' inverse temperature.
+        normalization: the dynamics' normalisation (``"sa"`` or ``"usa"``).
+        time: the dynamics' time convention.
         ns: particle counts.
         times: comparison times (from 0).
         kappa: concentration of the starting bump ``e^{kappa cos(theta - pi)}``.

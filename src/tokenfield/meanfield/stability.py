@@ -360,10 +360,17 @@ def stability_spectrum(
     """Growth rates of modes ``0..max_mode`` of the uniform measure.
 
     Args:
-        beta, dim, normalization, time: see :func:`growth_rates`.
+        beta: as in :func:`growth_rates`.
+        dim: as in :func:`growth_rates`.
+        normalization: as in :func:`growth_rates`.
+        time: as in :func:`growth_rates`.
         max_mode: the last mode (default :func:`default_max_mode`).
         n_particles: give the discrete rates of ``n`` equispaced particles on
             the circle instead of the continuum (``d = 2`` only; modes up to ``n/2``).
+
+    Example:
+        >>> tf.stability_spectrum(9.0, dim=2).k_max
+        4
     """
     beta, dim = _check(beta, dim, normalization, time)
     top = default_max_mode(beta, dim) if max_mode is None else int(max_mode)
@@ -395,7 +402,12 @@ def stability_spectrum(
 def most_unstable_mode(beta: float, *, dim: int = 2, normalization: Normalization = "usa") -> int:
     """``k_max(beta) = argmax_{k >= 1} lambda_k(beta)``: the number of clusters that
     linear stability predicts on the circle (the degree ``l_max`` on ``S^{d-1}``).
-    The same for SA and USA (their rates differ by a ``k``-independent factor)."""
+    The same for SA and USA (their rates differ by a ``k``-independent factor).
+
+    Example:
+        >>> tf.most_unstable_mode(9.0, dim=2)
+        4
+    """
     return stability_spectrum(beta, dim=dim, normalization=normalization, time="rescaled").k_max
 
 

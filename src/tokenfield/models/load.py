@@ -193,8 +193,8 @@ class ModelSpec:
     per process (:func:`tokenfield.pipelines.shards.worker_model`).
 
     Example:
-        >>> model = ModelSpec("smollm2", dtype="bfloat16").load()
-        >>> same = ModelSpec.from_run("runs/demo/seed-categories").load()
+        >>> model = tf.ModelSpec("smollm2", dtype="bfloat16").load()  # doctest: +SKIP
+        >>> same = tf.ModelSpec.from_run("runs/demo/seed-categories").load()  # doctest: +SKIP
     """
 
     name: str = DEFAULT_MODEL
@@ -347,6 +347,11 @@ def load_model(
 
     Raises:
         UserError: unknown name, missing file, hub unreachable, bad device/dtype.
+
+    Example:
+        >>> model = tf.load_model("smollm2")              # doctest: +SKIP
+        >>> model.n_layers, model.d_model                 # doctest: +SKIP
+        (30, 576)
     """
     _check_dtype(dtype)
     placement = None

@@ -210,8 +210,10 @@ class Dynamics:
         beta: inverse temperature (finite; any sign).
         normalization: ``"sa"`` (softmax attention, ``Z_i`` = row sum) or
             ``"usa"`` (``Z_i = n``).
-        query, key, value: ``None`` (identity) or ``(d, d)``, ``(H, d, d)`` or
+        query: ``None`` (identity) or ``(d, d)``, ``(H, d, d)`` or
             ``(L, H, d, d)`` matrices; see :func:`random_matrices`.
+        key: as ``query``.
+        value: as ``query``.
         mlp: optional per-token term, :class:`Mlp`.
         causal: token ``i`` attends to tokens ``j <= i`` only.
         state: ``"sphere"``, ``"free"`` or ``"prenorm"``.

@@ -287,6 +287,11 @@ def initial_condition(
 
     Returns:
         ``(n, d)`` or ``(batch, n, d)`` in ``dtype`` on ``device``.
+
+    Example:
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> tuple(x0.shape), x0.dtype
+        ((8, 3), torch.float64)
     """
     if spec.startswith("run:"):
         path, layer = parse_run_spec(spec)

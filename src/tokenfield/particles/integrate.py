@@ -357,8 +357,8 @@ def simulate(
         solver: ``"euler"``, ``"rk4"``, ``"adaptive"`` or a solver instance.
         saveat: what to keep (default: every step).
         t0: start time.
-        dtype, device: where to compute (default: those of ``x0``; arrays give
-            float64 on CPU).
+        dtype: the dtype to compute in (default: that of ``x0``; arrays give float64).
+        device: where to compute (default: that of ``x0``; arrays: the CPU).
         out: stream the run into this directory (resumes an interrupted run
             made by the same call).
         overwrite: replace a run already at ``out``.
@@ -370,6 +370,12 @@ def simulate(
         time, particle, feature)`` for a batch), coordinates ``time`` (ODE time)
         and ``particle`` (int ids), and the config in ``attrs``. With ``out``,
         the run opened from disk (lazy).
+
+    Example:
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1)
+        >>> dict(sim.sizes)
+        {'time': 11, 'particle': 8, 'feature': 3}
     """
     if not isinstance(dynamics, Dynamics):
         raise UserError(

@@ -43,7 +43,12 @@ def analyze_run(
     Args:
         path: the run directory.
         baseline: a baseline run (directory or Dataset), analysed side by side.
-        sphere, per_layer, seed, n_permutations, particles, times: see :func:`analyze`.
+        sphere: as in :func:`tokenfield.analyze`.
+        per_layer: as in :func:`tokenfield.analyze`.
+        seed: as in :func:`tokenfield.analyze`.
+        n_permutations: as in :func:`tokenfield.analyze`.
+        particles: as in :func:`tokenfield.analyze`.
+        times: as in :func:`tokenfield.analyze`.
         figures: also draw the figures (PNG and SVG, and an animated GIF).
 
     Returns:

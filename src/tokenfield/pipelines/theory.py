@@ -312,11 +312,12 @@ def theory_lens(
         more_eps: coarser thresholds for extra cluster counts.
         permutations: label shuffles of the probes' null.
         seed: probe folds and shuffles.
-        sim_beta, sim_dt: the simulation's beta and step (default: the median
-            fitted effective beta and step).
-        model, baseline_model: the loaded models that made the runs
-            (llama family); given, the effective beta is also fitted with each
-            layer's own heads (:func:`tokenfield.models.attention.head_inputs`).
+        sim_beta: the simulation's beta (default: the median fitted effective beta).
+        sim_dt: the simulation's step (default: the median fitted step).
+        model: the loaded model that made the run (llama family); given, the
+            effective beta is also fitted with each layer's own heads
+            (:func:`tokenfield.models.attention.head_inputs`).
+        baseline_model: the loaded model that made the baseline run, likewise.
         progress: called as ``progress(label, total)`` before each of the ``total``
             measurements (for a progress bar).
     """

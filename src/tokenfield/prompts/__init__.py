@@ -86,6 +86,11 @@ def load_prompts(source: str | Path | Sequence[Prompt | str]) -> list[Prompt]:
 
     Raises:
         UserError: unknown set, missing/unreadable/empty file, bad format.
+
+    Example:
+        >>> prompts = tf.load_prompts("seed-categories")
+        >>> len(prompts), prompts[0].category
+        (25, 'Math')
     """
     if not isinstance(source, (str, Path)):
         return as_prompts(source)

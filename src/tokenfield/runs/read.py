@@ -23,6 +23,11 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     The run's ``run.json`` contents are in ``ds.attrs["run"]``. A partial run is
     refused unless ``allow_partial`` (its rows past the recorded progress, if
     any, are not trustworthy).
+
+    Example:
+        >>> ds = tf.open_run("runs/spectrum")             # doctest: +SKIP
+        >>> ds.states.dims                                # doctest: +SKIP
+        ('time', 'particle', 'feature')
     """
     info = read_run_info(path)
     if not info.complete and not allow_partial:

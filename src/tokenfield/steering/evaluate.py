@@ -79,6 +79,51 @@ FAMILIES = {
 }
 
 
+class SteeringEvaluation(dict):
+    """What :func:`evaluate_steering` returns: the ``eval.json`` content, a plain dict
+    (JSON-able as it is) that also shows as a table in Jupyter (``_repr_html_``)."""
+
+    def _repr_html_(self) -> str:
+        """Accuracy of each condition beside the controls it must beat, and the verdict."""
+        from tokenfield._html import html_table
+
+        def acc(part: Any) -> str:
+            if not isinstance(part, dict) or part.get("accuracy") is None:
+                return ""
+            low, high = part.get("ci95") or (None, None)
+            ci = f" [{low:.3f}, {high:.3f}]" if low is not None else ""
+            return f"{part['accuracy']:.3f}{ci} (n = {part.get('n')})"
+
+        def family(name: str, part: Any) -> list[str]:
+            if not isinstance(part, dict) or not part.get("accuracies"):
+                return [name, ""]
+            values = part["accuracies"]
+            return [name, f"max {max(values):.3f} over {len(values)}"]
+
+        steered = self.get("steered") or {}
+        rows = [
+            ["word form, unsteered", acc(self.get("word"))],
+            ["math form (the target)", acc(self.get("math"))],
+            [f"steered (layer {steered.get('layer')}, alpha {steered.get('alpha')})", acc(steered)],
+        ]
+        summary = self.get("control_summary") or {}
+        if summary:
+            rows.append(
+                [
+                    f"random-direction controls ({summary.get('k')})",
+                    f"max {summary.get('max', 0):.3f}, empirical p = "
+                    f"{summary.get('p_empirical', float('nan')):.3g}",
+                ]
+            )
+        rows.append(family("label-shuffle controls", self.get("label_shuffle")))
+        rows.append(family("centroid-half controls", self.get("centroid_halves")))
+        if self.get("mcnemar_p") is not None:
+            rows.append(["McNemar p, steered vs word", f"{self['mcnemar_p']:.3g}"])
+        reasons = "; ".join(self.get("verdict_reasons") or [])
+        caption = f"steering evaluation: the claim is {self.get('verdict', 'not decided')}"
+        return html_table(caption, ["condition", "accuracy"], rows, note=reasons)
+
+
 def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval for a binomial proportion (95 % by default)."""
     if n == 0:
@@ -640,54 +685,56 @@ def evaluate_steering(
         }
         for i, p in enumerate(test_set[:8])
     ]
-    return {
-        "config": {
-            "model": model.run_config(),
-            "n": n,
-            "validation": validation,
-            "fit": fit,
-            "shots": shots,
-            "seed": seed,
-            "max_operand": max_operand,
-            "templates": list(templates),
-            "layers": layers,
-            "alphas": alphas,
-            "controls": controls,
-            "control_seed": control_seed,
-            "shuffle_seed": shuffle_seed,
-            "shuffles": shuffles,
-            "halves": halves,
-            "halves_seed": halves_seed,
-            "positions": positions,
-            "max_new_tokens": max_new_tokens,
-            "answer_rule": "first integer on the first line of the greedy continuation",
-        },
-        "problems": problems,
-        "vector_norms": {str(k): v.norm for k, v in vectors.items()},
-        "validation": {
-            "word": _row(val_word, condition="word", split="validation"),
-            "grid": grid_rows,
-        },  # fmt: skip
-        "rows": [_row(val_word, condition="word", split="validation", layer=None, alpha=None)]
-        + grid_rows,
-        "selected": {
-            "layer": layer,
-            "alpha": alpha,
-            "validation_accuracy": chosen["accuracy"],
-        },  # fmt: skip
-        "baselines": baselines,
-        "baseline_choices": trivial["choices"],
-        "steered": steered_row,
-        "word": _row(word_ok),
-        "math": _row(math_ok),
-        "controls": control_acc,
-        "control_summary": control_summary,
-        "label_shuffle": label_shuffle,
-        "centroid_halves": centroid_halves,
-        "mcnemar": mcnemar,
-        "mcnemar_p": float(mcnemar["p"]),
-        "verdict": verdict,
-        "verdict_reasons": reasons,
-        "examples": examples,
-        "timings": timings,
-    }
+    return SteeringEvaluation(
+        {
+            "config": {
+                "model": model.run_config(),
+                "n": n,
+                "validation": validation,
+                "fit": fit,
+                "shots": shots,
+                "seed": seed,
+                "max_operand": max_operand,
+                "templates": list(templates),
+                "layers": layers,
+                "alphas": alphas,
+                "controls": controls,
+                "control_seed": control_seed,
+                "shuffle_seed": shuffle_seed,
+                "shuffles": shuffles,
+                "halves": halves,
+                "halves_seed": halves_seed,
+                "positions": positions,
+                "max_new_tokens": max_new_tokens,
+                "answer_rule": "first integer on the first line of the greedy continuation",
+            },
+            "problems": problems,
+            "vector_norms": {str(k): v.norm for k, v in vectors.items()},
+            "validation": {
+                "word": _row(val_word, condition="word", split="validation"),
+                "grid": grid_rows,
+            },  # fmt: skip
+            "rows": [_row(val_word, condition="word", split="validation", layer=None, alpha=None)]
+            + grid_rows,
+            "selected": {
+                "layer": layer,
+                "alpha": alpha,
+                "validation_accuracy": chosen["accuracy"],
+            },  # fmt: skip
+            "baselines": baselines,
+            "baseline_choices": trivial["choices"],
+            "steered": steered_row,
+            "word": _row(word_ok),
+            "math": _row(math_ok),
+            "controls": control_acc,
+            "control_summary": control_summary,
+            "label_shuffle": label_shuffle,
+            "centroid_halves": centroid_halves,
+            "mcnemar": mcnemar,
+            "mcnemar_p": float(mcnemar["p"]),
+            "verdict": verdict,
+            "verdict_reasons": reasons,
+            "examples": examples,
+            "timings": timings,
+        }
+    )

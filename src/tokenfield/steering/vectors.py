@@ -146,7 +146,8 @@ def steering_vector(
 
     Args:
         ds: a traced run (``open_run``); its last-token states are used.
-        source, target: category names, e.g. ``"Word Problems"``, ``"Pure Math"``.
+        source: the category steered away from, e.g. ``"Word Problems"``.
+        target: the category steered towards, e.g. ``"Pure Math"``.
         layer: ``time`` index (0 = embedding output, i = output of block i-1).
         method: ``"mean"`` or ``"pca"`` (see the module docstring).
         run: the run's path, recorded in the provenance.
