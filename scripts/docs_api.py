@@ -46,6 +46,8 @@ FLOORS: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "tokenfield.pipelines.analyze",
             "tokenfield.pipelines.theory",
             "tokenfield.pipelines.flow",
+            "tokenfield.pipelines.attractors",
+            "tokenfield.pipelines.hypotheses",
         ),
     ),
     "particles": (
@@ -60,6 +62,7 @@ FLOORS: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "tokenfield.meanfield",
             "tokenfield.pipelines.meanfield",
             "tokenfield.pipelines.conformance",
+            "tokenfield.pipelines.conformance_causal",
         ),
     ),
     "steering": (
@@ -70,7 +73,7 @@ FLOORS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "report": (
         "Report and figures",
         "The HTML report, the figures it draws, and `tokenfield.plot` for notebooks.",
-        ("tokenfield.report", "tokenfield.viz", "tokenfield.plot"),
+        ("tokenfield.report", "tokenfield.viz", "tokenfield.plot", "tokenfield.pipelines.report"),
     ),
 }
 
@@ -82,7 +85,7 @@ FLOOR_PACKAGES: dict[str, tuple[str, ...]] = {
     "particles": ("tokenfield.particles",),
     "meanfield": ("tokenfield.meanfield",),
     "steering": ("tokenfield.steering",),
-    "report": ("tokenfield.report", "tokenfield.viz", "tokenfield.plot"),
+    "report": ("tokenfield.report", "tokenfield.viz", "tokenfield.plot", "tokenfield.pipelines.report"),
 }
 
 

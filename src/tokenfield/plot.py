@@ -142,7 +142,7 @@ def energy(sim: Any, *, eps: float | None = None) -> Any:
     import plotly.graph_objects as go
 
     from tokenfield.analysis.simulation import analyze_simulation
-    from tokenfield.report.interactive import simulation_figures
+    from tokenfield.report.simulation import simulation_figures
 
     if isinstance(sim, dict):
         analysis = sim

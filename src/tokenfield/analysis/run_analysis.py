@@ -146,6 +146,7 @@ class RunAnalysis:
     def _repr_html_(self) -> str:
         """The summary table of the report (and of ``tokenfield analyze``), for Jupyter."""
         from tokenfield._html import html_table
+        from tokenfield.analysis.metrics import summary_rows
 
         rows = summary_rows(self.to_dict())
         has_baseline = self.baseline is not None

@@ -36,16 +36,13 @@ from tokenfield.analysis import attractors as stats
 from tokenfield.errors import ParameterError, UserError
 
 __all__ = [
-    "ATTRACTORS_JSON",
-    "ATTRACTORS_ZARR",
     "AttractorConfig",
     "attractors",
     "measure_attractors",
 ]
 
-ATTRACTORS_JSON = "attractors.json"
-ATTRACTORS_ZARR = "attractors.zarr"
-ATTRACTORS_HTML = "attractors.html"
+from tokenfield.runs import ATTRACTORS_HTML, ATTRACTORS_JSON, ATTRACTORS_ZARR
+
 DEFAULT_THETAS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.4, 0.7, 1.0)
 DEFAULT_LAMBDAS = tuple(float(x) for x in np.linspace(0, 1, 11))
 

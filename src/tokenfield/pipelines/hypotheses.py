@@ -36,7 +36,12 @@ from tokenfield.analysis.next_embedding import next_embedding_curve
 from tokenfield.analysis.order import BETAS, LINEAR_PACE_RULE, order_panel
 from tokenfield.errors import ParameterError, UserError
 from tokenfield.prompts import Prompt
-from tokenfield.runs import read_run_info
+from tokenfield.runs import (
+    HYPOTHESES_JSON,
+    check_results_writable,
+    check_writable_dir,
+    read_run_info,
+)
 
 __all__ = [
     "HYPOTHESES_JSON",
@@ -46,7 +51,6 @@ __all__ = [
     "write_hypotheses",
 ]
 
-HYPOTHESES_JSON = "hypotheses.json"
 TARGETS = ("next_embedding", "block_update")
 
 
@@ -303,11 +307,22 @@ def hypotheses(
     return result
 
 
-def write_hypotheses(result: dict[str, Any], out: str | Path) -> Path:
-    """Write ``out/hypotheses.json`` atomically (``out`` is created if missing)."""
+def check_out(out: str | Path) -> Path:
+    """Refuse, before any model loads, an output directory that is a file or that
+    cannot be written (one line, exit 2 through the CLI)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"'{out}' is a file, not a directory", "pass a directory for --out")
+    if out.is_dir():
+        check_results_writable(out, "hypotheses")
+    else:
+        check_writable_dir(out)
+    return out
+
+
+def write_hypotheses(result: dict[str, Any], out: str | Path) -> Path:
+    """Write ``out/hypotheses.json`` atomically (``out`` is created if missing)."""
+    out = check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / HYPOTHESES_JSON
     write_json_atomic(path, to_jsonable(result))

@@ -43,12 +43,17 @@ from tokenfield.runs.info import (
     reset_write_log,
 )
 from tokenfield.runs.layout import (
+    ATTRACTORS_HTML,
+    ATTRACTORS_JSON,
+    ATTRACTORS_ZARR,
     DERIVED,
+    DERIVED_STORES,
     FIGURE_ANIMATIONS,
     FIGURE_STEMS,
     FIGURES,
     FLOW_HTML,
     FLOW_JSON,
+    HYPOTHESES_JSON,
     LENS_FIGURE_PREFIX,
     METRICS_JSON,
     PROJECTION_NPZ,
@@ -79,6 +84,11 @@ from tokenfield.runs.writer import (
 )
 
 __all__ = [
+    "HYPOTHESES_JSON",
+    "DERIVED_STORES",
+    "ATTRACTORS_ZARR",
+    "ATTRACTORS_JSON",
+    "ATTRACTORS_HTML",
     "CHUNK_BYTES",
     "CONFIG_ATTR",
     "COORD_CHUNK",

@@ -17,7 +17,7 @@ from tokenfield._io import dumps
 from tokenfield._lock import LOCK_NAME
 from tokenfield._version import __version__
 from tokenfield.errors import UserError
-from tokenfield.runs.layout import DERIVED, FIGURES, RUN_JSON, TRAJECTORY, is_figure
+from tokenfield.runs.layout import DERIVED, DERIVED_STORES, FIGURES, RUN_JSON, TRAJECTORY, is_figure
 
 CONFIG_ATTR = "tokenfield_config"
 
@@ -120,7 +120,7 @@ def overwrite_plan(path: Path) -> list[Path]:
             continue
         if name == FIGURES and target.is_dir():
             plan += [f for f in sorted(target.iterdir()) if is_figure(f.name) and not f.is_dir()]
-        elif name != TRAJECTORY and target.is_dir():
+        elif name != TRAJECTORY and name not in DERIVED_STORES and target.is_dir():
             raise UserError(
                 f"'{target}' is a directory, not the file tokenfield writes there "
                 "(nothing was deleted)",

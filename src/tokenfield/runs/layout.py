@@ -25,7 +25,25 @@ FLOW_HTML = "flow.html"
 # Everything tokenfield derives from a run and keeps inside it: --overwrite removes
 # these (and only these, so a user's own files in the directory are never touched;
 # in FIGURES only the figures tokenfield draws, see is_figure).
-DERIVED = (METRICS_JSON, FIGURES, PROJECTION_NPZ, THEORY_JSON, THEORY_HTML, FLOW_JSON, FLOW_HTML)
+HYPOTHESES_JSON = "hypotheses.json"  # tokenfield hypotheses (pipelines.hypotheses)
+ATTRACTORS_JSON = "attractors.json"  # tokenfield attractors (pipelines.attractors)
+ATTRACTORS_ZARR = "attractors.zarr"  # a directory store, like TRAJECTORY
+ATTRACTORS_HTML = "attractors.html"
+# The derived entries that are Zarr directory stores (every other one is a file).
+DERIVED_STORES = (ATTRACTORS_ZARR,)
+DERIVED = (
+    METRICS_JSON,
+    FIGURES,
+    PROJECTION_NPZ,
+    THEORY_JSON,
+    THEORY_HTML,
+    FLOW_JSON,
+    FLOW_HTML,
+    HYPOTHESES_JSON,
+    ATTRACTORS_JSON,
+    ATTRACTORS_ZARR,
+    ATTRACTORS_HTML,
+)
 # The figures tokenfield draws into RUN/figures, by name: each stem as .png and .svg
 # (tokenfield.viz.run_figures, tokenfield.viz.simulation), the animations, and the
 # lens's theory_<section>.png/.svg (tokenfield.viz.theory, tokenfield.viz.flow).
