@@ -45,8 +45,12 @@ browser-deps:
 	@test -x /usr/bin/chromium || { echo "tokenfield: installing chromium for the browser test"; \
 		apt-get update -qq && apt-get install -y -qq chromium; }
 
+# The tests run torch on one thread each, so two workers (one per core on the CI machine)
+# halve the wall time. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= auto
+
 test: $(STAMP) lint browser-deps
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

@@ -45,3 +45,27 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+# The longest test files, longest first. ``make test`` runs the suite on two workers
+# (pytest-xdist, one file per worker at a time); a long file that starts last keeps
+# one worker busy alone at the end, so these are collected first.
+LONGEST_FIRST = (
+    "tests/slow/test_readme_example.py",
+    "tests/slow/test_tutorials.py",
+    "tests/slow/test_seed_findings.py",
+    "tests/slow/test_wheel.py",
+    "tests/slow/test_cache_integrity.py",
+    "tests/e2e/test_docs_build.py",
+    "tests/slow/test_conformance.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)  # stable: the rest keep their order
