@@ -2,10 +2,13 @@
 parser, the thread limiter, JSON output and the library-parameter -> flag rule.
 
 Options: :func:`out_option` (``--out/-o``), :func:`overwrite_option`,
-:func:`seed_option` (each with the command's own help text), :data:`Device` and
-:data:`Json` (typer ``Annotated`` types); :func:`one_run` for commands that read
-one run (positional, with a hidden ``--run`` alias where a command used to take
-``--run``).
+:func:`seed_option` (each with the command's own help text), and one typer
+``Annotated`` type per option that means the same in several commands (one
+flag, one help text): :data:`Device`, :data:`Json`, :data:`Figures`,
+:data:`TraceRun`, :data:`Baseline`, :data:`Seed`, :data:`MaxNewTokens`,
+:data:`BatchSize`, :data:`ControlSeed`, :data:`Dim`, :data:`TMax`;
+:func:`one_run` for commands that read one run (positional, with a hidden
+``--run`` alias where a command used to take ``--run``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,18 @@ from tokenfield._io import dumps
 from tokenfield.errors import ParameterError, UserError
 
 __all__ = [
+    "BASELINE_HELP",
+    "Baseline",
+    "BatchSize",
+    "ControlSeed",
+    "DIM",
+    "DIM_HELP",
     "Device",
+    "Dim",
+    "MaxNewTokens",
+    "Seed",
+    "TMax",
+    "TraceRun",
     "Figures",
     "Json",
     "echo_json",
@@ -76,6 +90,33 @@ def seed_option(help: str = "Random seed.") -> Any:
 Device = Annotated[str, typer.Option("--device", help=f"{DEVICES_HELP}.")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 Figures = Annotated[bool, typer.Option("--figures/--no-figures", help="Draw the figures.")]
+
+# One vocabulary, one meaning: each option below is the same concept wherever
+# a command takes it, so it is written once, with one help text.
+TraceRun = Annotated[Path, typer.Argument(help="A run written by 'tokenfield trace'.")]
+BASELINE_HELP = "A trace of the same prompts by a random-weight copy (--random-weights)."
+Baseline = Annotated[Path | None, typer.Option("--baseline", help=BASELINE_HELP)]
+Seed = Annotated[int, seed_option()]
+MaxNewTokens = Annotated[
+    int, typer.Option("--max-new-tokens", help="Longest continuation (tokens) after each prompt.")
+]
+BatchSize = Annotated[
+    int,
+    typer.Option(
+        "--batch-size", help="Sequences (prompts, or prompt x condition rows) per forward pass."
+    ),
+]
+ControlSeed = Annotated[
+    int,
+    typer.Option(
+        "--control-seed",
+        help="Seed of the random control direction (of the first; the next ones +1, +2, ...).",
+    ),
+]
+DIM = ("--dim", "-d")
+DIM_HELP = "Dimension d (particles on the sphere S^{d-1})."
+Dim = Annotated[int, typer.Option(*DIM, help=DIM_HELP)]
+TMax = Annotated[float, typer.Option("--t-max", help="Final time T.")]
 
 
 def model_option(

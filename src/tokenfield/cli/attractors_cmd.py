@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json, numbers, seed_option
+from tokenfield.cli._options import (
+    Baseline,
+    Device,
+    Json,
+    Seed,
+    TraceRun,
+    echo_json,
+    numbers,
+    out_option,
+)
 
 
 @app.command(
@@ -18,21 +27,14 @@ from tokenfield.cli._options import Json, echo_json, numbers, seed_option
         "tokenfield trace -m smollm2 -p replication-categories -o runs/r\n\n"
         "tokenfield attractors runs/r\n\n"
         "Writes RUN/attractors.json (summary and verdicts, the random-weight copy beside "
-        "the model) and RUN/attractors.zarr (the arrays). See docs/attractors.md."
+        "the model) and RUN/attractors.zarr (the arrays). Without --baseline, the "
+        "random-weight copy is a seeded copy of the run's model. See docs/attractors.md."
     ),
 )
 def attractors_command(
-    run: Annotated[Path, typer.Argument(help="A run written by 'tokenfield trace'.")],
-    baseline: Annotated[
-        Path | None,
-        typer.Option(
-            help="A trace of the same prompts by a random-weight copy (--random-weights); "
-            "default: a seeded random-weight copy of the run's model."
-        ),
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Write here instead of into RUN.")
-    ] = None,
+    run: TraceRun,
+    baseline: Baseline = None,
+    out: Annotated[Path | None, out_option(help="Write here instead of into RUN.")] = None,
     k: Annotated[int, typer.Option("--k", min=1, help="Singular values / FTLEs per block.")] = 4,
     thetas: Annotated[
         str | None,
@@ -62,8 +64,8 @@ def attractors_command(
     random_copy: Annotated[
         bool, typer.Option("--random-copy/--no-random-copy", help="Measure a random copy too.")
     ] = True,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
-    seed: Annotated[int, seed_option()] = 0,
+    device: Device = "cpu",
+    seed: Seed = 0,
     as_json: Json = False,
 ) -> None:
     """Jacobian spectra, Lyapunov exponents, perturbation recovery and category basins

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Json, echo_json, out_option, seed_option
+from tokenfield.cli._options import Baseline, Json, Seed, TraceRun, echo_json, out_option
 
 
 @app.command(
@@ -30,13 +30,8 @@ from tokenfield.cli._options import Json, echo_json, out_option, seed_option
     ),
 )
 def hypotheses_command(
-    run: Annotated[Path, typer.Argument(help="A run written by 'tokenfield trace'.")],
-    baseline: Annotated[
-        Path | None,
-        typer.Option(
-            help="A trace of the same prompts by a random-weight copy (--random-weights)."
-        ),
-    ] = None,
+    run: TraceRun,
+    baseline: Baseline = None,
     out: Annotated[
         Path | None, out_option(help="Directory for hypotheses.json [default: the run].")
     ] = None,
@@ -58,7 +53,7 @@ def hypotheses_command(
     bootstrap: Annotated[
         int, typer.Option("--bootstrap", help="Bootstrap resamples of prompts for the slopes.")
     ] = 1000,
-    seed: Annotated[int, seed_option()] = 0,
+    seed: Seed = 0,
     as_json: Json = False,
 ) -> None:
     """Measure the order panel, attention as a convex fit and the next-token embedding."""

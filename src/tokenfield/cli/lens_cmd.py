@@ -9,9 +9,11 @@ import typer
 
 from tokenfield.cli._app import app, command
 from tokenfield.cli._options import (
+    Baseline,
     Device,
     Figures,
     Json,
+    TraceRun,
     echo_json,
     numbers,
     overwrite_option,
@@ -34,13 +36,8 @@ from tokenfield.cli._options import (
     ),
 )
 def lens_command(
-    run: Annotated[Path, typer.Argument(help="A run written by 'tokenfield trace'.")],
-    baseline: Annotated[
-        Path | None,
-        typer.Option(
-            help="A trace of the same prompts by a random-weight copy (--random-weights)."
-        ),
-    ] = None,
+    run: TraceRun,
+    baseline: Baseline = None,
     simulate: Annotated[
         bool,
         typer.Option(

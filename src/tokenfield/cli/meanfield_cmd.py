@@ -18,7 +18,9 @@ import typer
 
 from tokenfield.cli._app import command, theory_app
 from tokenfield.cli._options import (
+    Dim,
     Json,
+    TMax,
     echo_json,
     limit_threads,
     out_option,
@@ -107,7 +109,7 @@ def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:
     ),
 )
 def stability_command(
-    dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension d (S^{d-1}).")] = 2,
+    dim: Dim = 2,
     beta: Annotated[float | None, typer.Option(help="Inverse temperature beta.")] = None,
     beta_range: Annotated[
         str | None,
@@ -390,7 +392,7 @@ def phase_diagram_command(
     out: Annotated[Path, out_option(help="Directory for the Zarr store, JSON, figure.")],
     dims: Annotated[str, typer.Option(help="Dimensions d.")] = "2,8,32,128",
     betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "0:9",
-    t_max: Annotated[float, typer.Option("--t-max", help="Final time.")] = 30.0,
+    t_max: TMax = 30.0,
     frames: Annotated[int, typer.Option(help="Saved times.")] = 61,
     n: Annotated[int, typer.Option(*N_PARTICLES, help="Tokens per system.")] = 32,
     systems: Annotated[
@@ -525,7 +527,7 @@ def phase_diagram_command(
 def metastability_command(
     betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "2:10",
     caps: Annotated[int, typer.Option(help="Number of separated caps k.")] = 3,
-    dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension d.")] = 2,
+    dim: Dim = 2,
     per_cap: Annotated[int, typer.Option("--per-cap", help="Particles per cap.")] = 4,
     cap_radius: Annotated[float, typer.Option("--cap-radius", help="Cap radius (rad).")] = 0.1,
     dynamics: Annotated[str, typer.Option(*NORMALIZATION, help=DYNAMICS_HELP)] = "sa",

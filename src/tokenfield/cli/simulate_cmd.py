@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app, command
-from tokenfield.cli._options import Device, out_option, overwrite_option, seed_option
+from tokenfield.cli._options import (
+    DIM,
+    DIM_HELP,
+    Device,
+    TMax,
+    out_option,
+    overwrite_option,
+    seed_option,
+)
 
 
 @command(
@@ -33,10 +41,7 @@ def simulate_command(
         ),
     ] = "sa",
     dim: Annotated[
-        int | None,
-        typer.Option(
-            "--dim", "-d", help="Dimension d (particles on S^{d-1}). Default 3, or the run's."
-        ),
+        int | None, typer.Option(*DIM, help=f"{DIM_HELP} Default 3, or the run's.")
     ] = None,
     n: Annotated[
         int | None,
@@ -45,7 +50,7 @@ def simulate_command(
         ),
     ] = None,
     beta: Annotated[float, typer.Option(help="Inverse temperature beta.")] = 1.0,
-    t_max: Annotated[float, typer.Option("--t-max", help="Final time T.")] = 10.0,
+    t_max: TMax = 10.0,
     dt: Annotated[
         float, typer.Option(help="Step (Euler: one residual layer); adaptive: first step tried.")
     ] = 0.1,

@@ -12,8 +12,11 @@ import typer
 from tokenfield._progress import plural
 from tokenfield.cli._app import command, steer_app
 from tokenfield.cli._options import (
+    BatchSize,
+    ControlSeed,
     Device,
     Json,
+    MaxNewTokens,
     echo_json,
     model_option,
     numbers,
@@ -68,12 +71,8 @@ def steer_command(
         ),
     ] = None,
     model: Annotated[str | None, model_option(help="Model (default: the run's).")] = None,
-    max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", help="Length of the continuation.")
-    ] = 12,
-    control_seed: Annotated[
-        int, typer.Option("--control-seed", help="Seed of the random control direction.")
-    ] = 0,
+    max_new_tokens: MaxNewTokens = 12,
+    control_seed: ControlSeed = 0,
     device: Device = "cpu",
     overwrite: Annotated[bool, overwrite_option(help="Replace an earlier steer output.")] = False,
     as_json: Json = False,
@@ -162,9 +161,7 @@ def eval_steering_command(
         int,
         typer.Option("--controls", help="Random directions of the vector's norm (one seed each)."),
     ] = 32,
-    control_seed: Annotated[
-        int, typer.Option("--control-seed", help="Seed of the first control (then +1, +2, ...).")
-    ] = 0,
+    control_seed: ControlSeed = 0,
     shuffle_seed: Annotated[
         int,
         typer.Option("--shuffle-seed", help="Seed of the first label shuffle (then +1, +2, ...)."),
@@ -189,12 +186,8 @@ def eval_steering_command(
         typer.Option("--halves-seed", help="Seed of the first centroid half (then +1, +2, ...)."),
     ] = 0,
     positions: Annotated[str, typer.Option(help="'last' or 'all'.")] = "last",
-    max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", help="Longest continuation (tokens).")
-    ] = 5,
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", help="Rows (prompt x condition) per forward pass.")
-    ] = 256,
+    max_new_tokens: MaxNewTokens = 5,
+    batch_size: BatchSize = 256,
     dtype: Annotated[
         str,
         typer.Option(

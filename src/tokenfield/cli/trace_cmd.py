@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app, command
-from tokenfield.cli._options import Device, model_option, out_option, overwrite_option, seed_option
+from tokenfield.cli._options import (
+    BatchSize,
+    Device,
+    model_option,
+    out_option,
+    overwrite_option,
+    seed_option,
+)
 
 
 @command(
@@ -41,7 +48,7 @@ def trace_command(
     positions: Annotated[
         str, typer.Option(help="'last': last token of each prompt; 'all': every token.")
     ] = "last",
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per forward pass.")] = 8,
+    batch_size: BatchSize = 8,
     chat: Annotated[
         bool, typer.Option("--chat", help="Wrap prompts in the chat template.")
     ] = False,

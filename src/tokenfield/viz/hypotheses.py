@@ -23,6 +23,20 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
+def _table(css_class: str, head: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    """One escaped HTML table: a header row, then a row per tuple of cells."""
+    return (
+        f"<table class='{css_class}'><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr>"
+        + "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
+            for cells in rows
+        )
+        + "</table>"
+    )
+
+
 def hypotheses_html_section(data: dict[str, Any]) -> str:
     """Two HTML tables summarising ``hypotheses.json``."""
     base = data.get("baseline") or {}
@@ -39,15 +53,9 @@ def hypotheses_html_section(data: dict[str, Any]) -> str:
             row["verdict"],
             other.get("verdict", ""),
         )
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        rows.append(cells)
     head = ("quantity", "slope", "95 % interval", "R^2", "monotone", "verdict", "random copy")
-    order = (
-        "<table class='hypotheses-order'><tr>"
-        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-        + "</tr>"
-        + "".join(rows)
-        + "</table>"
-    )
+    order = _table("hypotheses-order", head, rows)
     fit = data["convex_fit"]["targets"]["next_embedding"]
     base_fit = ((base.get("convex_fit") or {}).get("targets") or {}).get("next_embedding") or []
     nxt = data["next_embedding"]
@@ -62,17 +70,9 @@ def hypotheses_html_section(data: dict[str, Any]) -> str:
             _fmt(nxt["cosine"][layer + 1], ".3f"),
             _fmt(nxt["median_rank_cosine"][layer + 1], ".0f"),
         )
-        layer_rows.append(
-            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
-        )
+        layer_rows.append(cells)
     head2 = ("layer", "heads passing", "random copy", "median Q", "Q uniform",
              "cos(x, e_next) after", "median rank")  # fmt: skip
-    layers = (
-        "<table class='hypotheses-layers'><tr>"
-        + "".join(f"<th>{html.escape(h)}</th>" for h in head2)
-        + "</tr>"
-        + "".join(layer_rows)
-        + "</table>"
-    )
+    layers = _table("hypotheses-layers", head2, layer_rows)
     rule = html.escape(str(data.get("rule", "")))
     return f"<section class='hypotheses'><h2>Hypotheses</h2><p>{rule}</p>{order}{layers}</section>"
