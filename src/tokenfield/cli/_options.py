@@ -6,7 +6,9 @@ Options: :func:`out_option` (``--out/-o``), :func:`overwrite_option`,
 ``Annotated`` type per option that means the same in several commands (one
 flag, one help text): :data:`Device`, :data:`Json`, :data:`Figures`,
 :data:`TraceRun`, :data:`Baseline`, :data:`Seed`, :data:`MaxNewTokens`,
-:data:`BatchSize`, :data:`ControlSeed`, :data:`Dim`, :data:`TMax`;
+:data:`BatchSize`, :data:`ControlSeed`, :data:`Dim`, :data:`TMax`, :data:`Beta`,
+:data:`Betas`, :data:`Seeds`, :data:`Time`, :data:`Positions`, :data:`Alphas`,
+:data:`Bootstrap`;
 :func:`one_run` for commands that read one run (positional, with a hidden
 ``--run`` alias where a command used to take ``--run``).
 """
@@ -26,7 +28,13 @@ from tokenfield._io import dumps
 from tokenfield.errors import ParameterError, UserError
 
 __all__ = [
+    "ALPHAS_HELP",
+    "Alphas",
     "BASELINE_HELP",
+    "BETA_HELP",
+    "Beta",
+    "Betas",
+    "Bootstrap",
     "Baseline",
     "BatchSize",
     "ControlSeed",
@@ -35,8 +43,11 @@ __all__ = [
     "Device",
     "Dim",
     "MaxNewTokens",
+    "Positions",
     "Seed",
+    "Seeds",
     "TMax",
+    "Time",
     "TraceRun",
     "Figures",
     "Json",
@@ -117,6 +128,26 @@ DIM = ("--dim", "-d")
 DIM_HELP = "Dimension d (particles on the sphere S^{d-1})."
 Dim = Annotated[int, typer.Option(*DIM, help=DIM_HELP)]
 TMax = Annotated[float, typer.Option("--t-max", help="Final time T.")]
+BETA_HELP = "Inverse temperature beta."
+Beta = Annotated[float, typer.Option("--beta", help=BETA_HELP)]
+Betas = Annotated[str, typer.Option("--betas", help="Betas: a list 1,4,16, or A:B or A:B:N.")]
+Seeds = Annotated[int, typer.Option("--seeds", help="Independent starts, batched.")]
+Time = Annotated[
+    str,
+    typer.Option("--time", help="paper, or rescaled: USA weights exp(beta(<x,y> - 1)) / n."),
+]
+Positions = Annotated[
+    str,
+    typer.Option(
+        "--positions",
+        help="'last': the last token of each prompt (and each generated one); 'all': every token.",
+    ),
+]
+ALPHAS_HELP = "Comma-separated multiples of the vector."
+Alphas = Annotated[str, typer.Option("--alphas", help=ALPHAS_HELP)]
+Bootstrap = Annotated[
+    int, typer.Option("--bootstrap", help="Bootstrap resamples of prompts (for the intervals).")
+]
 
 
 def model_option(

@@ -10,6 +10,7 @@ import typer
 from tokenfield.cli._app import app
 from tokenfield.cli._options import (
     Baseline,
+    Bootstrap,
     Device,
     Json,
     Seed,
@@ -60,7 +61,7 @@ def attractors_command(
         int | None,
         typer.Option("--spectra-prompts", help="Spectra and FTLEs on the first N prompts only."),
     ] = None,
-    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples of prompts.")] = 1000,
+    bootstrap: Bootstrap = 1000,
     random_copy: Annotated[
         bool, typer.Option("--random-copy/--no-random-copy", help="Measure a random copy too.")
     ] = True,

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Baseline, Json, Seed, TraceRun, echo_json, out_option
+from tokenfield.cli._options import Baseline, Bootstrap, Json, Seed, TraceRun, echo_json, out_option
 
 
 @app.command(
@@ -50,9 +50,7 @@ def hypotheses_command(
     shuffles: Annotated[
         int, typer.Option("--shuffles", help="Target shuffles per head (the shuffle null).")
     ] = 199,
-    bootstrap: Annotated[
-        int, typer.Option("--bootstrap", help="Bootstrap resamples of prompts for the slopes.")
-    ] = 1000,
+    bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
     as_json: Json = False,
 ) -> None:

@@ -18,8 +18,13 @@ import typer
 
 from tokenfield.cli._app import command, theory_app
 from tokenfield.cli._options import (
+    BETA_HELP,
+    Beta,
+    Betas,
     Dim,
     Json,
+    Seeds,
+    Time,
     TMax,
     echo_json,
     limit_threads,
@@ -110,7 +115,7 @@ def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:
 )
 def stability_command(
     dim: Dim = 2,
-    beta: Annotated[float | None, typer.Option(help="Inverse temperature beta.")] = None,
+    beta: Annotated[float | None, typer.Option("--beta", help=BETA_HELP)] = None,
     beta_range: Annotated[
         str | None,
         typer.Option(
@@ -120,9 +125,7 @@ def stability_command(
         ),
     ] = None,
     dynamics: Annotated[str, typer.Option(*NORMALIZATION, help=DYNAMICS_HELP)] = "usa",
-    time: Annotated[
-        str, typer.Option(help="paper, or rescaled (USA rates times e^{-beta}).")
-    ] = "paper",
+    time: Time = "paper",
     max_mode: Annotated[
         int | None, typer.Option("--max-mode", help="Last mode listed (default ~2 sqrt(2 beta)).")
     ] = None,
@@ -245,13 +248,13 @@ def stability_command(
     ),
 )
 def predict_clusters_command(
-    betas: Annotated[str, typer.Option(help="Betas: 1,4,16 or A:B or A:B:N.")] = "1,4,9,16,25",
+    betas: Betas = "1,4,9,16,25",
     dynamics: Annotated[
         str, typer.Option(*NORMALIZATION, help="sa, usa or both as 'usa,sa'.")
     ] = "usa,sa",
     n: Annotated[int, typer.Option(*N_PARTICLES, help="Particles on the circle.")] = 256,
     noise: Annotated[float, typer.Option(help="Angular noise of the equispaced start.")] = 1e-3,
-    seeds: Annotated[int, typer.Option(help="Independent starts, batched.")] = 4,
+    seeds: Seeds = 4,
     seed: Annotated[int, seed_option(help="First seed.")] = 0,
     growth_rates: Annotated[
         bool,
@@ -323,9 +326,9 @@ def predict_clusters_command(
     ),
 )
 def pde_command(
-    beta: Annotated[float, typer.Option(help="Inverse temperature.")] = 4.0,
+    beta: Beta = 4.0,
     dynamics: Annotated[str, typer.Option(*NORMALIZATION, help=DYNAMICS_HELP)] = "sa",
-    time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
+    time: Time = "paper",
     n: Annotated[
         str, typer.Option(*N_PARTICLES, help="Particle counts to compare, e.g. 64,128,256.")
     ] = "64,128,256,512",
@@ -391,7 +394,7 @@ def pde_command(
 def phase_diagram_command(
     out: Annotated[Path, out_option(help="Directory for the Zarr store, JSON, figure.")],
     dims: Annotated[str, typer.Option(help="Dimensions d.")] = "2,8,32,128",
-    betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "0:9",
+    betas: Betas = "0:9",
     t_max: TMax = 30.0,
     frames: Annotated[int, typer.Option(help="Saved times.")] = 61,
     n: Annotated[int, typer.Option(*N_PARTICLES, help="Tokens per system.")] = 32,
@@ -525,14 +528,14 @@ def phase_diagram_command(
     ),
 )
 def metastability_command(
-    betas: Annotated[str, typer.Option(help="Betas: list, A:B or A:B:N.")] = "2:10",
+    betas: Betas = "2:10",
     caps: Annotated[int, typer.Option(help="Number of separated caps k.")] = 3,
     dim: Dim = 2,
     per_cap: Annotated[int, typer.Option("--per-cap", help="Particles per cap.")] = 4,
     cap_radius: Annotated[float, typer.Option("--cap-radius", help="Cap radius (rad).")] = 0.1,
     dynamics: Annotated[str, typer.Option(*NORMALIZATION, help=DYNAMICS_HELP)] = "sa",
-    time: Annotated[str, typer.Option(help="paper or rescaled.")] = "paper",
-    seeds: Annotated[int, typer.Option(help="Independent starts, batched.")] = 4,
+    time: Time = "paper",
+    seeds: Seeds = 4,
     t_cap: Annotated[
         float, typer.Option("--t-max", "--t-cap", help="Give up after this time.")
     ] = 5000.0,

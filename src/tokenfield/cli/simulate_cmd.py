@@ -11,7 +11,9 @@ from tokenfield.cli._app import app, command
 from tokenfield.cli._options import (
     DIM,
     DIM_HELP,
+    Beta,
     Device,
+    Time,
     TMax,
     out_option,
     overwrite_option,
@@ -49,7 +51,7 @@ def simulate_command(
             "--n-particles", "-n", "--n", help="Number of particles. Default 32, or the prompt's."
         ),
     ] = None,
-    beta: Annotated[float, typer.Option(help="Inverse temperature beta.")] = 1.0,
+    beta: Beta = 1.0,
     t_max: TMax = 10.0,
     dt: Annotated[
         float, typer.Option(help="Step (Euler: one residual layer); adaptive: first step tried.")
@@ -78,9 +80,7 @@ def simulate_command(
     causal: Annotated[
         bool, typer.Option("--causal", help="Token i attends to j <= i only.")
     ] = False,
-    time: Annotated[
-        str, typer.Option(help="paper, or rescaled: USA weights exp(beta(<x,y> - 1)) / n.")
-    ] = "paper",
+    time: Time = "paper",
     state: Annotated[
         str,
         typer.Option(help="sphere (post-norm), prenorm (attention reads x/|x|) or free (R^d)."),

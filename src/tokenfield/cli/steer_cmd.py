@@ -12,11 +12,14 @@ import typer
 from tokenfield._progress import plural
 from tokenfield.cli._app import command, steer_app
 from tokenfield.cli._options import (
+    ALPHAS_HELP,
+    Alphas,
     BatchSize,
     ControlSeed,
     Device,
     Json,
     MaxNewTokens,
+    Positions,
     echo_json,
     model_option,
     numbers,
@@ -55,15 +58,11 @@ def steer_command(
     run_option: Annotated[
         Path | None, typer.Option("--run", hidden=True, help="The run (old spelling of RUN).")
     ] = None,
-    alpha: Annotated[
-        str, typer.Option("--alphas", "--alpha", help="Comma-separated multiples of the vector.")
-    ] = "0.5,1,2",
+    alpha: Annotated[str, typer.Option("--alphas", "--alpha", help=ALPHAS_HELP)] = "0.5,1,2",
     method: Annotated[
         str, typer.Option(help="'mean' (difference of means) or 'pca' (of differences).")
     ] = "mean",
-    positions: Annotated[
-        str, typer.Option(help="'last' (last token, and each generated one) or 'all'.")
-    ] = "last",
+    positions: Positions = "last",
     vector: Annotated[
         Path | None,
         typer.Option(
@@ -154,9 +153,7 @@ def eval_steering_command(
     layers: Annotated[
         str | None, typer.Option(help="Comma-separated layers (default: 1/4, 1/2, 3/4 depth).")
     ] = None,
-    alphas: Annotated[
-        str, typer.Option(help="Comma-separated multiples of the vector.")
-    ] = "0.5,1,2",
+    alphas: Alphas = "0.5,1,2",
     controls: Annotated[
         int,
         typer.Option("--controls", help="Random directions of the vector's norm (one seed each)."),
@@ -185,7 +182,7 @@ def eval_steering_command(
         int,
         typer.Option("--halves-seed", help="Seed of the first centroid half (then +1, +2, ...)."),
     ] = 0,
-    positions: Annotated[str, typer.Option(help="'last' or 'all'.")] = "last",
+    positions: Positions = "last",
     max_new_tokens: MaxNewTokens = 5,
     batch_size: BatchSize = 256,
     dtype: Annotated[

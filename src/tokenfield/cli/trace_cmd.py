@@ -11,6 +11,7 @@ from tokenfield.cli._app import app, command
 from tokenfield.cli._options import (
     BatchSize,
     Device,
+    Positions,
     model_option,
     out_option,
     overwrite_option,
@@ -45,9 +46,7 @@ def trace_command(
             ".jsonl/.csv with 'text' and optional 'category', .yaml.",
         ),
     ] = "seed-categories",
-    positions: Annotated[
-        str, typer.Option(help="'last': last token of each prompt; 'all': every token.")
-    ] = "last",
+    positions: Positions = "last",
     batch_size: BatchSize = 8,
     chat: Annotated[
         bool, typer.Option("--chat", help="Wrap prompts in the chat template.")
