@@ -210,14 +210,7 @@ def _measure(run: Path, settings, model, baseline_model, figures: bool):
 
         result = theory_lens(
             run,
-            baseline=settings.baseline,
-            simulate=settings.simulate,
-            eps=settings.eps,
-            more_eps=settings.more_eps,
-            permutations=settings.permutations,
-            seed=settings.seed,
-            sim_beta=settings.sim_beta,
-            sim_dt=settings.sim_dt,
+            **settings.lens_arguments(),
             model=model,
             baseline_model=baseline_model,
             progress=step,

@@ -104,6 +104,14 @@ class LensSettings:
             "heads": self.heads,
         }
 
+    def lens_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`theory_lens` these settings give (the
+        rest, ``model``, ``baseline_model`` and ``progress``, are the caller's)."""
+        arguments = self.to_dict()  # every recorded setting but heads is an argument
+        del arguments["heads"]  # the CLI loads the models for it: model=, baseline_model=
+        arguments["more_eps"] = self.more_eps
+        return arguments
+
 
 def _recorded_settings(theory: dict[str, Any]) -> dict[str, Any]:
     """The settings of an earlier theory.json: ``info["settings"]``, or (a file from
