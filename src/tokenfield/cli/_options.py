@@ -5,7 +5,7 @@ Options: :func:`out_option` (``--out/-o``), :func:`overwrite_option`,
 :func:`seed_option` (each with the command's own help text), and one typer
 ``Annotated`` type per option that means the same in several commands (one
 flag, one help text): :data:`Device`, :data:`Json`, :data:`Figures`,
-:data:`TraceRun`, :data:`Baseline`, :data:`Seed`, :data:`MaxNewTokens`,
+:data:`TraceRun`, :data:`RunOut`, :data:`OutInsteadOfRun`, :data:`Baseline`, :data:`Seed`, :data:`MaxNewTokens`,
 :data:`BatchSize`, :data:`ControlSeed`, :data:`Dim`, :data:`TMax`, :data:`Beta`,
 :data:`Betas`, :data:`Seeds`, :data:`Time`, :data:`Positions`, :data:`Alphas`,
 :data:`Bootstrap`;
@@ -43,7 +43,9 @@ __all__ = [
     "Device",
     "Dim",
     "MaxNewTokens",
+    "OutInsteadOfRun",
     "Positions",
+    "RunOut",
     "Seed",
     "Seeds",
     "TMax",
@@ -105,6 +107,10 @@ Figures = Annotated[bool, typer.Option("--figures/--no-figures", help="Draw the 
 # One vocabulary, one meaning: each option below is the same concept wherever
 # a command takes it, so it is written once, with one help text.
 TraceRun = Annotated[Path, typer.Argument(help="A run written by 'tokenfield trace'.")]
+RunOut = Annotated[Path, out_option(help="Run directory to write.")]
+OutInsteadOfRun = Annotated[
+    Path | None, out_option(help="Directory to write into instead of RUN [default: RUN].")
+]
 BASELINE_HELP = "A trace of the same prompts by a random-weight copy (--random-weights)."
 Baseline = Annotated[Path | None, typer.Option("--baseline", help=BASELINE_HELP)]
 Seed = Annotated[int, seed_option()]

@@ -13,11 +13,11 @@ from tokenfield.cli._options import (
     Bootstrap,
     Device,
     Json,
+    OutInsteadOfRun,
     Seed,
     TraceRun,
     echo_json,
     numbers,
-    out_option,
 )
 
 
@@ -35,7 +35,7 @@ from tokenfield.cli._options import (
 def attractors_command(
     run: TraceRun,
     baseline: Baseline = None,
-    out: Annotated[Path | None, out_option(help="Write here instead of into RUN.")] = None,
+    out: OutInsteadOfRun = None,
     k: Annotated[int, typer.Option("--k", min=1, help="Singular values / FTLEs per block.")] = 4,
     thetas: Annotated[
         str | None,

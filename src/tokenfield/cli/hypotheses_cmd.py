@@ -9,13 +9,20 @@ Writes ``OUT/hypotheses.json`` (``OUT`` defaults to the run): ``order`` (the dep
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from tokenfield.cli._app import app
-from tokenfield.cli._options import Baseline, Bootstrap, Json, Seed, TraceRun, echo_json, out_option
+from tokenfield.cli._options import (
+    Baseline,
+    Bootstrap,
+    Json,
+    OutInsteadOfRun,
+    Seed,
+    TraceRun,
+    echo_json,
+)
 
 
 @app.command(
@@ -32,9 +39,7 @@ from tokenfield.cli._options import Baseline, Bootstrap, Json, Seed, TraceRun, e
 def hypotheses_command(
     run: TraceRun,
     baseline: Baseline = None,
-    out: Annotated[
-        Path | None, out_option(help="Directory for hypotheses.json [default: the run].")
-    ] = None,
+    out: OutInsteadOfRun = None,
     max_prompts: Annotated[
         int | None,
         typer.Option("--max-prompts", help="Use at most N prompts, evenly across categories."),

@@ -42,6 +42,9 @@ DYNAMICS_HELP = "sa: softmax attention; usa: unnormalised (weights / n)."
 NORMALIZATION = ("--normalization", "--dynamics")
 N_PARTICLES = ("--n-particles", "--n")
 OVERWRITE_HELP = "Replace this command's earlier JSON and figures in --out."
+# --out and --overwrite of the commands that write JSON + figures into a directory
+ResultsOut = Annotated[Path | None, out_option(help="Directory for JSON + figures.")]
+Overwrite = Annotated[bool, overwrite_option(help=OVERWRITE_HELP)]
 
 
 def _dynamics(value: str) -> str:
@@ -260,8 +263,8 @@ def predict_clusters_command(
         bool,
         typer.Option("--growth-rates", help="Also fit the linear-phase Fourier growth rates."),
     ] = False,
-    out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
-    overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
+    out: ResultsOut = None,
+    overwrite: Overwrite = False,
     as_json: Json = False,
 ) -> None:
     """Simulate near-equispaced starts on the circle and set the first plateau of the
@@ -338,8 +341,8 @@ def pde_command(
     sampling: Annotated[str, typer.Option(help="quantile or random particle starts.")] = "quantile",
     seeds: Annotated[int, typer.Option(help="Random starts per n (sampling random).")] = 4,
     dt: Annotated[float, typer.Option(help="Particle RK4 step.")] = 0.01,
-    out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
-    overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
+    out: ResultsOut = None,
+    overwrite: Overwrite = False,
     as_json: Json = False,
 ) -> None:
     """Solve the mean-field PDE on the circle and compare it with n-particle runs (W1)."""
@@ -548,8 +551,8 @@ def metastability_command(
         ),
     ] = None,
     eps: Annotated[float, typer.Option(help="Cluster threshold.")] = 1e-2,
-    out: Annotated[Path | None, out_option(help="Directory for JSON + figures.")] = None,
-    overwrite: Annotated[bool, overwrite_option(help=OVERWRITE_HELP)] = False,
+    out: ResultsOut = None,
+    overwrite: Overwrite = False,
     as_json: Json = False,
 ) -> None:
     """First-merge times of k separated clusters against beta, and the slope of log T."""

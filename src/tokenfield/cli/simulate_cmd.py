@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,9 +12,9 @@ from tokenfield.cli._options import (
     DIM_HELP,
     Beta,
     Device,
+    RunOut,
     Time,
     TMax,
-    out_option,
     overwrite_option,
     seed_option,
 )
@@ -33,7 +32,7 @@ from tokenfield.cli._options import (
     ),
 )
 def simulate_command(
-    out: Annotated[Path, out_option(help="Run directory to write.")],
+    out: RunOut,
     dynamics: Annotated[
         str,
         typer.Option(

@@ -12,8 +12,8 @@ from tokenfield.cli._options import (
     BatchSize,
     Device,
     Positions,
+    RunOut,
     model_option,
-    out_option,
     overwrite_option,
     seed_option,
 )
@@ -29,7 +29,7 @@ from tokenfield.cli._options import (
     ),
 )
 def trace_command(
-    out: Annotated[Path, out_option(help="Run directory to write.")],
+    out: RunOut,
     model: Annotated[
         str,
         model_option(
