@@ -51,7 +51,18 @@ __all__ = ["BUNDLED_SETS", "Prompt", "load_prompts", "as_prompts"]
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: its text, category ("" when none) and label ("" when none)."""
+    """One prompt: its text, category ("" when none) and label ("" when none).
+
+    Args:
+        text: the prompt's text.
+        category: its category (prompts are grouped and coloured by it).
+        label: its label within the category.
+
+    Example:
+        >>> p = tf.Prompt("The capital of France is", category="geography")
+        >>> p.text, p.category, p.label
+        ('The capital of France is', 'geography', '')
+    """
 
     text: str
     category: str = ""
