@@ -55,6 +55,13 @@ def kinematics(ds: xr.Dataset, pcs: xr.DataArray | None = None) -> xr.Dataset:
         (step, particle); ``norm`` (time, particle); and the arrival time of each
         particle's largest step, ``fastest_step`` (by step length) and
         ``fastest_relative_step`` (by relative step), both (particle,).
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> kin = tf.kinematics(sim)
+        >>> kin.step_length.dims, kin.norm.dims
+        (('step', 'particle'), ('time', 'particle'))
     """
     states = np.asarray(
         ds["states"].transpose("time", "particle", "feature").values, dtype=np.float64

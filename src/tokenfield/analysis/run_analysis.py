@@ -119,6 +119,15 @@ class RunAnalysis:
         per_layer_frame, per_layer_pcs: the per-layer PCA, when asked for.
         baseline: the same analysis of a baseline run (e.g. random weights).
         simulation: the simulation analysis, for simulated runs.
+
+Example:
+    >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+    ...                   t_max=1.0, dt=0.1)
+    >>> result = tf.analyze(sim)
+    >>> type(result).__name__, result.pcs.dims
+    ('RunAnalysis', ('time', 'particle', 'component'))
+    >>> "depth_ordering" in result.to_dict()
+    True
     """
 
     info: dict[str, Any]

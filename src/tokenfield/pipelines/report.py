@@ -78,6 +78,11 @@ def write_report(
 
     Returns:
         The path written.
+
+    Example:
+        >>> tf.write_report(["runs/categories", "runs/categories-random"],
+        ...                 "runs/report.html")                 # doctest: +SKIP
+        PosixPath('runs/report.html')
     """
     if isinstance(run_paths, (str, Path)):
         run_paths = [run_paths]
