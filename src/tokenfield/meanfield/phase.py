@@ -67,6 +67,11 @@ class PhaseDiagramConfig:
         pairs: ``"all"`` pairs or the ``"first"`` pair ``(x_1, x_2)``.
         seed: base seed (system starts for dimension ``d`` use ``seed + d``).
         beta_block: betas per task (also the Zarr chunk along ``beta``).
+
+    Example:
+        >>> config = tf.PhaseDiagramConfig(dims=(2,), betas=(0.0, 4.0), t_max=5.0, frames=6)
+        >>> config.to_dict()["betas"]
+        [0.0, 4.0]
     """
 
     dims: tuple[int, ...] = (2, 8, 32, 128)
@@ -324,6 +329,21 @@ def phase_diagram(
         report: filled in with what ran.
         progress: called as ``progress(done, total)`` (tasks) at the start and
             after each task.
+
+    Returns:
+        The Dataset above (opened from ``store`` when given), its config in
+        ``attrs["tokenfield_config"]``.
+
+    Raises:
+        UserError: an unknown executor, ``"dask"`` without ``store``, or a
+            store holding another sweep (without ``overwrite``).
+
+    Example:
+        >>> config = tf.PhaseDiagramConfig(dims=(2,), betas=(0.0, 4.0), t_max=5.0,
+        ...                                frames=6, n_particles=8, n_systems=2)
+        >>> phase = tf.phase_diagram(config)
+        >>> dict(phase.merged_probability.sizes)
+        {'dim': 1, 'beta': 2, 'time': 6}
     """
     if executor not in ("inprocess", "dask"):
         raise UserError(f"unknown executor {executor!r}", "use inprocess or dask")

@@ -177,6 +177,10 @@ def growth_rates(
     Returns:
         ``(len(modes),)`` float64. USA in paper time overflows to ``inf`` past
         ``beta ~ 700`` (use ``time="rescaled"``); ``k_max`` never does.
+
+    Example:
+        >>> tf.growth_rates([0, 1, 2, 3], beta=4.0).round(4)
+        array([0.    , 2.4399, 6.4222, 7.5089])
     """
     beta, dim = _check(beta, dim, normalization, time)
     degree = _modes(modes)
@@ -257,6 +261,11 @@ class StabilitySpectrum:
         multiplicity: ``(m,)`` how many independent modes share the rate.
         n_particles: ``None`` for the continuum, else the discrete (``n``
             equispaced particles) rates.
+
+    Example:
+        >>> spectrum = tf.stability_spectrum(9.0, dim=2)
+        >>> spectrum.modes[:3], spectrum.k_max
+        (array([0, 1, 2]), 4)
     """
 
     beta: float
@@ -368,6 +377,9 @@ def stability_spectrum(
         n_particles: give the discrete rates of ``n`` equispaced particles on
             the circle instead of the continuum (``d = 2`` only; modes up to ``n/2``).
 
+    Returns:
+        A :class:`StabilitySpectrum`: the modes, their rates and multiplicities.
+
     Example:
         >>> tf.stability_spectrum(9.0, dim=2).k_max
         4
@@ -403,6 +415,14 @@ def most_unstable_mode(beta: float, *, dim: int = 2, normalization: Normalizatio
     """``k_max(beta) = argmax_{k >= 1} lambda_k(beta)``: the number of clusters that
     linear stability predicts on the circle (the degree ``l_max`` on ``S^{d-1}``).
     The same for SA and USA (their rates differ by a ``k``-independent factor).
+
+    Args:
+        beta: inverse temperature.
+        dim: ``d`` (particles on ``S^{d-1}``).
+        normalization: ``"usa"`` or ``"sa"`` (the same answer).
+
+    Returns:
+        ``k_max`` (``l_max`` for ``d >= 3``), at least 1.
 
     Example:
         >>> tf.most_unstable_mode(9.0, dim=2)
@@ -462,7 +482,21 @@ def k_max_curve(
     normalization: Normalization = "usa",
     time: TimeConvention = "paper",
 ) -> KmaxCurve:
-    """:func:`most_unstable_mode` and its rate for every ``beta`` in ``betas``."""
+    """:func:`most_unstable_mode` and its rate for every ``beta`` in ``betas``.
+
+    Args:
+        betas: inverse temperatures.
+        dim: ``d`` (particles on ``S^{d-1}``).
+        normalization: ``"usa"`` or ``"sa"``.
+        time: ``"paper"`` or ``"rescaled"`` (scales the rates only).
+
+    Returns:
+        A ``KmaxCurve`` with ``betas``, ``k_max`` and ``top_rate`` (``(b,)`` each).
+
+    Example:
+        >>> tf.k_max_curve([1.0, 9.0, 25.0]).k_max
+        array([1, 4, 7])
+    """
     betas = np.asarray(betas, dtype=np.float64).reshape(-1)
     if betas.size == 0:
         raise UserError("no beta values given", "pass e.g. --betas 1:100")
