@@ -74,7 +74,26 @@ class SimulatedClouds:
 
 @dataclass(frozen=True)
 class TheoryLens:
-    """Everything :func:`theory_lens` measured (``None``: skipped, see ``notes``)."""
+    """Everything :func:`theory_lens` measured (``None``: skipped, see ``notes``).
+
+    Attributes:
+        info: what was measured (run, model, sizes).
+        clouds: :func:`token_clouds` of the run; baseline_clouds: of the baseline.
+        simulated: the clouds of the simulator run from the layer-0 tokens.
+        attention: :func:`attention_by_layer`; baseline_attention: the baseline's.
+        beta: :func:`effective_beta` with ``Q = K = V = I``; baseline_beta: the
+            baseline's; beta_heads, baseline_beta_heads: the same with each
+            layer's own heads (needs the model).
+        probes: probe name -> :func:`probe_accuracy` curve; baseline_probes: the
+            baseline's.
+        lens: :func:`logit_lens_summary`.
+        notes: why a section was skipped.
+
+    Example:
+        >>> lens = tf.theory_lens("runs/spectrum")    # doctest: +SKIP
+        >>> lens.beta.column("beta")                  # doctest: +SKIP
+        >>> lens.notes                                # doctest: +SKIP
+    """
 
     info: dict[str, Any]
     clouds: TokenClouds | None = None
