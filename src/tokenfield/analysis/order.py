@@ -333,6 +333,7 @@ def order_panel(
         betas: the fixed grid of ``E_beta``.
         fitted_beta: also ``E_beta`` at this beta (key ``energy_beta_fitted``).
         n_boot: bootstrap resamples (the across-prompt clouds use a fifth of them).
+        seed: seeds the bootstrap.
 
     Returns:
         ``{quantity: Pace}``: ``energy_beta_<b>``, ``matrix_entropy``,

@@ -110,9 +110,11 @@ class RunAnalysis:
     Attributes:
         info: what was analysed (kind, model, sizes, categories).
         options: the analysis options.
-        frame: the global PCA frame; ``pcs`` the particles in it (time,
-            particle, component).
+        frame: the global PCA frame.
+        pcs: the particles in it (time, particle, component).
         depth: PC1 against time.
+        depth_by_times: the depth ordering under each times convention
+            (``"seed"``, ``"all"``).
         kinematics: see :func:`tokenfield.analysis.kinematics.kinematics`.
         separation, bifurcation, centroids: None when the run has no categories.
         layers: the time steps chosen for tables and heatmaps.
@@ -120,14 +122,14 @@ class RunAnalysis:
         baseline: the same analysis of a baseline run (e.g. random weights).
         simulation: the simulation analysis, for simulated runs.
 
-Example:
-    >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
-    ...                   t_max=1.0, dt=0.1)
-    >>> result = tf.analyze(sim)
-    >>> type(result).__name__, result.pcs.dims
-    ('RunAnalysis', ('time', 'particle', 'component'))
-    >>> "depth_ordering" in result.to_dict()
-    True
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> result = tf.analyze(sim)
+        >>> type(result).__name__, result.pcs.dims
+        ('RunAnalysis', ('time', 'particle', 'component'))
+        >>> "depth_ordering" in result.to_dict()
+        True
     """
 
     info: dict[str, Any]

@@ -78,14 +78,13 @@ class TheoryLens:
 
     Attributes:
         info: what was measured (run, model, sizes).
-        clouds: :func:`token_clouds` of the run; baseline_clouds: of the baseline.
+        clouds, baseline_clouds: :func:`token_clouds` of the run and of the baseline.
         simulated: the clouds of the simulator run from the layer-0 tokens.
-        attention: :func:`attention_by_layer`; baseline_attention: the baseline's.
-        beta: :func:`effective_beta` with ``Q = K = V = I``; baseline_beta: the
-            baseline's; beta_heads, baseline_beta_heads: the same with each
-            layer's own heads (needs the model).
-        probes: probe name -> :func:`probe_accuracy` curve; baseline_probes: the
-            baseline's.
+        attention, baseline_attention: :func:`attention_by_layer` of each.
+        beta, baseline_beta: :func:`effective_beta` with ``Q = K = V = I``.
+        beta_heads, baseline_beta_heads: the same with each layer's own heads
+            (needs the model).
+        probes, baseline_probes: probe name -> :func:`probe_accuracy` curve.
         lens: :func:`logit_lens_summary`.
         notes: why a section was skipped.
 

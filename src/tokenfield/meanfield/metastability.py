@@ -67,9 +67,11 @@ class MetastabilityConfig:
     Attributes:
         k: caps (centres ``e_1, -e_1, e_2, ...``; ``2 <= k <= 2 d``).
         dim: ``d``.
-        per_cap: particles per cap; cap_radius: the caps' angular radius.
+        per_cap: particles per cap.
+        cap_radius: the caps' angular radius.
         normalization, time: the dynamics (``Q = K = V = I``).
         seeds: systems in the batch (seeds ``seed .. seed + seeds - 1``).
+        seed: the first seed.
         eps: cluster threshold (linked at ``cos >= 1 - eps``).
         t_cap: give up at this time (the merge time is then ``inf``).
         rtol: the adaptive solver's tolerance (``atol = rtol / 100``).

@@ -57,7 +57,8 @@ class PhaseDiagramConfig:
         dims: dimensions ``d``.
         betas: inverse temperatures.
         t_max, frames: saved times ``linspace(0, t_max, frames)``.
-        n_particles: ``n`` tokens per system; n_systems: ``S`` random starts.
+        n_particles: ``n`` tokens per system.
+        n_systems: ``S`` random starts.
         delta: merged means ``<x_i, x_j> >= 1 - delta``.
         normalization, time: the dynamics (``Q = K = V = I``).
         dt, solver: the integrator (fixed step, float64): ``"rk4"``, or

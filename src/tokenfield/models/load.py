@@ -75,6 +75,8 @@ class LoadedModel:
             before it was recorded keep their config and still resume).
         sites: blocks and final norm (see :mod:`tokenfield.models.sites`).
         random_weights: True for a random-weight copy of the architecture.
+        seed: the seed of the random weights (``None`` for real weights).
+        extra: loader details worth recording (free-form).
 
     Example:
         >>> model = tf.load_model("smollm2")              # doctest: +SKIP
@@ -369,6 +371,9 @@ def load_model(
             ``{"cuda:0": "20GiB", "cpu": "60GiB"}`` or ``"0=20GiB,cpu=60GiB"``.
         offload_folder: with ``device_map``, where weights that fit nowhere
             are offloaded to disk.
+
+    Returns:
+        A :class:`LoadedModel` in eval mode, gradients off.
 
     Raises:
         UserError: unknown name, missing file, hub unreachable, bad device/dtype.

@@ -274,6 +274,7 @@ def hypotheses(
         baseline: another run of the same prompts (e.g. ``--random-weights``).
         settings: :class:`HypothesesSettings`.
         model, baseline_model: already loaded models to use instead of loading the runs'.
+        progress: called with a line of text as each measurement starts.
 
     Returns:
         The ``hypotheses.json`` content: ``order``, ``convex_fit``,

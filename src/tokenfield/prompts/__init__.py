@@ -95,6 +95,13 @@ def as_prompts(prompts: Iterable[Prompt | str | dict[str, Any]]) -> list[Prompt]
 def load_prompts(source: str | Path | Sequence[Prompt | str]) -> list[Prompt]:
     """Load prompts from a bundled set name, a file, or a list.
 
+    Args:
+        source: a bundled set name (``"seed-categories"``, ``"seed-spectrum"``),
+            a prompt file, or a list of strings / :class:`Prompt`.
+
+    Returns:
+        The prompts, in order.
+
     Raises:
         UserError: unknown set, missing/unreadable/empty file, bad format.
 
