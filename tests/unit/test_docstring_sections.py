@@ -56,7 +56,8 @@ def missing(obj: Any) -> list[str]:
         if not documented:
             problems.append("Args")
         for name in params:
-            entry = rf"^\s*(?:[\w*]+,\s*)*\**{re.escape(name)}(?:,\s*[\w*]+)*:"
+            typed = r"(?:\s*\([^)\n]*\))?"  # "name (type):" also documents it
+            entry = rf"^\s*(?:[\w*]+,\s*)*\**{re.escape(name)}{typed}(?:,\s*[\w*]+)*:"
             if not re.search(entry, documented, re.MULTILINE):
                 problems.append(f"Args: {name}")
     returns = "Returns" in found or "Yields" in found

@@ -58,7 +58,8 @@ def attention_by_layer(ds) -> AttentionByLayer:
     """Read the ``attn_*`` variables of a run traced with ``attention=True``.
 
     Args:
-        ds: the run's Dataset (:func:`tokenfield.open_run` or :func:`tokenfield.trace`).
+        ds (xarray.Dataset): the run's Dataset (:func:`tokenfield.open_run` or
+            :func:`tokenfield.trace`).
 
     Returns:
         An ``AttentionByLayer``: each statistic's ``(L, heads)`` mean over prompts.

@@ -97,7 +97,8 @@ def analyze_simulation(
         >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
         >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1)
         >>> summary = tf.analyze_simulation(sim)
-        >>> summary["final"]["time"], len(summary["cluster_count"])
+        >>> final = summary["final"]
+        >>> final["time"], len(summary["cluster_count"])
         (1.0, 11)
     """
     if "states" not in ds:

@@ -71,8 +71,8 @@ class PhaseDiagramConfig:
 
     Example:
         >>> config = tf.PhaseDiagramConfig(dims=(2,), betas=(0.0, 4.0), t_max=5.0, frames=6)
-        >>> config.to_dict()["betas"]
-        [0.0, 4.0]
+        >>> config.to_dict()["dims"], config.betas
+        ([2], (0.0, 4.0))
     """
 
     dims: tuple[int, ...] = (2, 8, 32, 128)

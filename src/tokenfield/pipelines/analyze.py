@@ -56,7 +56,8 @@ def analyze_run(
 
     Example:
         >>> metrics = tf.analyze_run("runs/spectrum", baseline="runs/spectrum-random")  # doctest: +SKIP
-        >>> metrics["depth_ordering"]["overall_spearman"]                              # doctest: +SKIP
+        >>> depth = metrics["depth_ordering"]                                          # doctest: +SKIP
+        >>> depth["overall_spearman"]                                                  # doctest: +SKIP
         0.92...
     """
     path = Path(path)

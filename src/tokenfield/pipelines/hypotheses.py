@@ -273,7 +273,8 @@ def hypotheses(
         run: a traced run (its model and prompts are used; positions do not matter).
         baseline: another run of the same prompts (e.g. ``--random-weights``).
         settings: :class:`HypothesesSettings`.
-        model, baseline_model: already loaded models to use instead of loading the runs'.
+        model: an already loaded model to use instead of loading the run's.
+        baseline_model: likewise for the baseline run.
         progress: called with a line of text as each measurement starts.
 
     Returns:
