@@ -31,6 +31,18 @@ def vector_angle(u: np.ndarray, w: np.ndarray) -> np.ndarray:
 
     Uses ``2 atan2(||u^ - w^||, ||u^ + w^||)``, which stays accurate for tiny
     angles where ``arccos`` of the cosine loses half its digits.
+
+    Args:
+        u: ``(..., d)`` vectors.
+        w: ``(..., d)`` vectors (broadcast against ``u``).
+
+    Returns:
+        ``(...)`` angles in ``[0, pi]``.
+
+    Example:
+        >>> from tokenfield.analysis import vector_angle
+        >>> vector_angle(np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[0.0, 1.0], [0.0, 0.0]]))
+        array([1.57079633,        nan])
     """
     nu = np.linalg.norm(u, axis=-1, keepdims=True)
     nw = np.linalg.norm(w, axis=-1, keepdims=True)

@@ -335,6 +335,13 @@ class DepthOrdering:
             coordinate along each particle's path, dims (particle,).
         overall: the same over every (time, particle) pair pooled.
         component: which component was tested (1 = PC1).
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> order = tf.depth_ordering(tf.project(sim, tf.fit_projection(sim)))
+        >>> type(order).__name__, order.component
+        ('DepthOrdering', 1)
     """
 
     per_particle: xr.DataArray

@@ -43,6 +43,20 @@ def select_particles(ds: xr.Dataset, which: str = "last") -> xr.Dataset:
     ``"last"``: each prompt's last real token when the run has ``is_last``
     (the seed followed the last token, the one that predicts the next);
     otherwise every particle. ``"all"``: every particle.
+
+    Args:
+        ds: a trajectory Dataset.
+        which: ``"last"`` or ``"all"``.
+
+    Returns:
+        ``ds`` restricted to those particles.
+
+    Example:
+        >>> from tokenfield.analysis import select_particles
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> select_particles(sim, "last").sizes["particle"]   # no is_last: every particle
+        8
     """
     if which not in ("last", "all"):
         raise UserError(f"unknown particle selection '{which}'", "use 'last' or 'all'")
@@ -85,7 +99,20 @@ def select_times(ds: xr.Dataset, times: str = "seed") -> xr.Dataset:
 
 def display_labels(obj: xr.Dataset | xr.DataArray) -> list[str]:
     """A short name per particle: its ``label`` (e.g. the seed's prompt number),
-    else its prompt index, else its particle id."""
+    else its prompt index, else its particle id.
+
+    Args:
+        obj: a Dataset or DataArray with a ``particle`` dim.
+
+    Returns:
+        One string per particle.
+
+    Example:
+        >>> from tokenfield.analysis import display_labels
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> display_labels(sim)[:3]
+        ['0', '1', '2']"""
     n = obj.sizes["particle"]
     for name in ("label", "prompt_index", "particle"):
         if name in obj.coords:

@@ -159,6 +159,12 @@ def silhouette_batch(dist: np.ndarray, codes: np.ndarray, n_codes: int) -> np.nd
 
     Returns:
         (batch,) mean silhouettes; equal to ``sklearn.metrics.silhouette_score``.
+
+    Example:
+        >>> from tokenfield.analysis import silhouette_batch
+        >>> dist = np.array([[0, 0.1, 1, 1], [0.1, 0, 1, 1], [1, 1, 0, 0.1], [1, 1, 0.1, 0]])
+        >>> silhouette_batch(dist, np.array([[0, 0, 1, 1], [0, 1, 0, 1]]), 2)
+        array([ 0.9 , -0.45])
     """
     onehot = np.eye(n_codes)[codes]  # (batch, n, k)
     sums = np.einsum("ij,bjk->bik", dist, onehot)  # (batch, n, k)

@@ -86,7 +86,18 @@ class Euler:
 
 @dataclass(frozen=True)
 class ProjectedEuler(Euler):
-    """Euler step then renormalise (the published phase-diagram script's scheme)."""
+    """Euler step then renormalise (the published phase-diagram script's scheme).
+
+    Takes no arguments; pass it (or ``"projected-euler"``) as :func:`simulate`'s
+    ``solver``.
+
+    Example:
+        >>> from tokenfield.particles import ProjectedEuler
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1, solver=ProjectedEuler())
+        >>> bool(np.allclose(np.linalg.norm(sim.states.values, axis=-1), 1.0))
+        True
+    """
 
     name: ClassVar[str] = "projected-euler"
     order: ClassVar[int] = 1

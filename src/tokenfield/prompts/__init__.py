@@ -75,7 +75,20 @@ class Prompt:
 
 
 def as_prompts(prompts: Iterable[Prompt | str | dict[str, Any]]) -> list[Prompt]:
-    """Coerce strings / mappings / prompts to a list of :class:`Prompt`."""
+    """Coerce strings / mappings / prompts to a list of :class:`Prompt`.
+
+    Args:
+        prompts: strings (text only), mappings with ``text`` and optionally
+            ``category`` and ``label``, or :class:`Prompt` objects.
+
+    Returns:
+        The prompts, in order.
+
+    Example:
+        >>> from tokenfield.prompts import as_prompts
+        >>> as_prompts(["2 + 2 =", {"text": "def f(x):", "category": "Code"}])
+        [Prompt(text='2 + 2 =', category='', label=''), Prompt(text='def f(x):', category='Code', label='')]
+    """
     out: list[Prompt] = []
     for item in prompts:
         if isinstance(item, Prompt):
