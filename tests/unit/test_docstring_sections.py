@@ -1,6 +1,7 @@
 """Every name in ``tokenfield.__all__`` has a Google-style docstring with its sections.
 
-A function or class that takes parameters documents each of them under ``Args:``
+The same holds for the floors' own public names that the API reference lists
+(scripts/docs_api.py). A function or class that takes parameters documents each of them under ``Args:``
 (a dataclass may use ``Attributes:``); a function that returns something has
 ``Returns:`` (or ``Yields:``); every name has an ``Example:`` (run by
 tests/unit/test_docstring_examples.py unless marked ``# doctest: +SKIP``).
@@ -8,13 +9,19 @@ tests/unit/test_docstring_examples.py unless marked ``# doctest: +SKIP``).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tokenfield as tf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import docs_api  # noqa: E402
 
 SECTION = re.compile(r"^(\w+(?: \w+)?):\s*$", re.MULTILINE)
 KNOWN = {"Args", "Attributes", "Returns", "Yields", "Raises", "Example", "Examples", "Note"}
@@ -72,6 +79,25 @@ NAMES = [name for name in tf.__all__ if name != "__version__"]
 @pytest.mark.parametrize("name", NAMES)
 def test_public_docstring_has_its_sections(name: str) -> None:
     assert missing(getattr(tf, name)) == [], f"tokenfield.{name}'s docstring lacks these"
+
+
+def _floor_names() -> list[tuple[str, Any]]:
+    facade = {f"tokenfield.{name}" for name in tf.__all__}
+    found = []
+    for entry in docs_api.reference():
+        module, _, attr = entry.path.rpartition(".")
+        obj = getattr(importlib.import_module(module), attr)
+        if entry.title not in facade and callable(obj):  # constants have no docstring of their own
+            found.append((entry.title, obj))
+    return found
+
+
+FLOOR = _floor_names()
+
+
+@pytest.mark.parametrize("obj", [obj for _, obj in FLOOR], ids=[title for title, _ in FLOOR])
+def test_floor_docstring_has_its_sections(obj: Any) -> None:
+    assert missing(obj) == []
 
 
 def _complete(x: int, *, scale: float = 1.0) -> float:
