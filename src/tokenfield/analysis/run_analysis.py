@@ -111,8 +111,8 @@ def display_labels(obj: xr.Dataset | xr.DataArray) -> list[str]:
         >>> from tokenfield.analysis import display_labels
         >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
         ...                   t_max=1.0, dt=0.1)
-        >>> display_labels(sim)[:3]
-        ['0', '1', '2']"""
+        >>> ", ".join(display_labels(sim)[:3])
+        '0, 1, 2'"""
     n = obj.sizes["particle"]
     for name in ("label", "prompt_index", "particle"):
         if name in obj.coords:

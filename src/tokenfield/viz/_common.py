@@ -100,7 +100,7 @@ def save_figure(fig: Any, out_dir: str | Path, name: str, formats: Sequence[str]
         formats: the extensions to write.
 
     Returns:
-        The paths written.
+        list[Path]: The paths written.
 
     Example:
         >>> from tokenfield.viz import plot_trajectories, save_figure
