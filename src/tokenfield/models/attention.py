@@ -369,8 +369,8 @@ def attention_matrices(model: Any, prompt: str | Sequence[int]) -> np.ndarray:
 
     Example:
         >>> model = tf.load_model("smollm2")                                 # doctest: +SKIP
-        >>> tf.attention_matrices(model, "The capital of France is").shape  # doctest: +SKIP
-        (30, 9, 6, 6)
+        >>> tf.attention_matrices(model, "The capital of France is").shape[:2]  # doctest: +SKIP
+        (30, 9)
     """
     ids = model.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
     if not ids:

@@ -155,7 +155,7 @@ class Adaptive:
     Args:
         rtol: relative tolerance of the local error.
         atol: absolute tolerance of the local error.
-        max_steps: give up (raise) after this many steps.
+        max_steps: raise :class:`UserError` after this many attempted steps.
 
     Example:
         >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)

@@ -135,7 +135,7 @@ class RunWriter:
     Example:
         >>> writer = tf.RunWriter("runs/mine", "simulation", {"seed": 0},
         ...                       append_dim="time")          # doctest: +SKIP
-        >>> writer.append(piece)                              # doctest: +SKIP
+        >>> writer.append(piece, done=1)                      # doctest: +SKIP
         >>> writer.finish()                                   # doctest: +SKIP
     """
 

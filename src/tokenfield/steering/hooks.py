@@ -58,10 +58,10 @@ def steering(
     Example:
         >>> from tokenfield.steering import steering, steering_vector
         >>> model = tf.load_model("smollm2")                              # doctest: +SKIP
-        >>> vec = steering_vector(tf.open_run("runs/categories"), source="Word Problems",
+        >>> vec = steering_vector(tf.open_run("runs/spectrum"), source="Word Problems",
         ...                       target="Pure Math", layer=12)           # doctest: +SKIP
         >>> with steering(model, vec, alpha=2.0):                         # doctest: +SKIP
-        ...     ds = tf.trace(model, "seed-categories")
+        ...     ds = tf.trace(model, "seed-spectrum")
     """
     if positions not in ("last", "all"):
         raise UserError(f"unknown steering positions '{positions}'", "use 'last' or 'all'")

@@ -171,9 +171,9 @@ def steering_vector(
 
     Example:
         >>> from tokenfield.steering import steering_vector
-        >>> ds = tf.open_run("runs/categories")                      # doctest: +SKIP
+        >>> ds = tf.open_run("runs/spectrum")                        # doctest: +SKIP
         >>> vec = steering_vector(ds, source="Word Problems", target="Pure Math",
-        ...                       layer=12, run="runs/categories")   # doctest: +SKIP
+        ...                       layer=12, run="runs/spectrum")     # doctest: +SKIP
         >>> vec.layer, vec.provenance["method"]                     # doctest: +SKIP
         (12, 'mean')
     """
