@@ -100,7 +100,7 @@ def save_figure(fig: Any, out_dir: str | Path, name: str, formats: Sequence[str]
         formats: the extensions to write.
 
     Returns:
-        list[Path]: The paths written.
+        paths (list[Path]): the paths written.
 
     Example:
         >>> from tokenfield.viz import plot_trajectories, save_figure
