@@ -23,6 +23,11 @@ class UserError(ValueError):
         fix: what to do about it, e.g. ``"put one prompt per line"``.
         cli_fix: the fix as a command-line user should read it, when it differs
             (a library fix may name a Python argument such as ``allow_partial``).
+
+    Example:
+        >>> err = tf.UserError("prompt file 'x.txt' is empty", "put one prompt per line")
+        >>> err.problem, err.fix
+        ("prompt file 'x.txt' is empty", 'put one prompt per line')
     """
 
     def __init__(self, problem: str, fix: str | None = None, *, cli_fix: str | None = None):

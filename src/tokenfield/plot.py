@@ -108,7 +108,7 @@ def paths(run: Any, *, title: str = "") -> Any:
 
     Example:
         >>> fig = tf.plot.paths(tf.analyze(ds))      # doctest: +SKIP
-        >>> fig                                     # shows inline in Jupyter
+        >>> fig                                     # doctest: +SKIP
     """
     from tokenfield.report.interactive import trajectory_figure
 

@@ -1,13 +1,18 @@
 """The docstring examples of the public names run and print what they say.
 
 Every ``>>>`` example in the docstring of a name in ``tokenfield.__all__`` (and of
-``tokenfield.plot``) runs here with ``tf`` (tokenfield), ``np`` and ``torch`` in
-scope; examples that need a model or a run on disk carry ``# doctest: +SKIP``.
+``tokenfield.plot``, and of the floors' own public names that the API reference
+lists: scripts/docs_api.py) runs here with ``tf`` (tokenfield), ``np`` and
+``torch`` in scope; examples that need a model or a run on disk carry
+``# doctest: +SKIP``.
 """
 
 from __future__ import annotations
 
 import doctest
+import importlib
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,9 +20,22 @@ import torch
 
 import tokenfield as tf
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import docs_api  # noqa: E402
+
 
 def _objects() -> list[tuple[str, object]]:
     found = [(name, getattr(tf, name)) for name in tf.__all__ if name != "__version__"]
+    facade = {f"tokenfield.{name}" for name in tf.__all__}
+    for entry in docs_api.reference():
+        if entry.title not in facade:
+            module, _, attr = entry.path.rpartition(".")
+            found.append(
+                (
+                    entry.title.removeprefix("tokenfield."),
+                    getattr(importlib.import_module(module), attr),
+                )
+            )
     return [*found, ("plot", tf.plot)]
 
 

@@ -118,6 +118,18 @@ def token_clouds(
         more_eps: further thresholds; each adds ``cluster_count@{eps}`` (real
             tokens rarely come within ``eps = 0.01`` of each other, so coarser
             thresholds say more about them).
+
+    Returns:
+        A ``TokenClouds``: ``values`` maps each measure (``cluster_count``,
+        ``largest_mass``, ``mean_cos``, ``spread``, ``effective_dim``) to a
+        ``(T, P)`` array, with the cluster ``masses`` per time and group.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> clouds = tf.token_clouds(sim.states.values)
+        >>> sorted(clouds.values), clouds.values["cluster_count"].shape
+        (['cluster_count', 'effective_dim', 'largest_mass', 'mean_cos', 'spread'], (11, 1))
     """
     x, groups, time, _position = trajectory_arrays(states, groups)
     if x.ndim != 3:

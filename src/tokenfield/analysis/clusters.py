@@ -70,6 +70,11 @@ class Clusters:
             (ties broken by the first particle).
         masses: ``(count,)`` fraction of the particles in each cluster, descending.
         eps: the threshold used.
+
+    Example:
+        >>> c = tf.clusters(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]), eps=0.01)
+        >>> c.labels.tolist(), c.masses.size, c.eps
+        ([0, 0, 1], 2, 0.01)
     """
 
     labels: np.ndarray
@@ -85,7 +90,27 @@ class Clusters:
 
 
 def clusters(states: Any, eps: float = DEFAULT_EPS) -> Clusters:
-    """Cluster one configuration ``(n, d)`` (array, or DataArray ``(particle, feature)``)."""
+    """Cluster one configuration ``(n, d)`` (array, or DataArray ``(particle, feature)``).
+
+    Particles are linked when ``<x_i, x_j> >= 1 - eps`` (unit vectors) and the
+    clusters are the connected components of the links.
+
+    Args:
+        states: one configuration ``(n, d)``.
+        eps: the link threshold.
+
+    Returns:
+        A :class:`Clusters`: each particle's cluster (0 the largest) and the
+        clusters' masses.
+
+    Raises:
+        UserError: ``states`` is not one ``(n, d)`` configuration.
+
+    Example:
+        >>> c = tf.clusters(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+        >>> c.labels, c.masses
+        (array([0, 0, 1]), array([0.66666667, 0.33333333]))
+    """
     eps = check_eps(eps)
     if isinstance(states, xr.DataArray):
         states = states.transpose("particle", "feature").values
@@ -127,12 +152,38 @@ def cluster_count(states: Any, eps: float = DEFAULT_EPS) -> Any:
 
 
 def cluster_masses(states: Any, eps: float = DEFAULT_EPS) -> np.ndarray:
-    """Fractions of the particles in each cluster of one configuration, descending."""
+    """Fractions of the particles in each cluster of one configuration, descending.
+
+    Args:
+        states: one configuration ``(n, d)`` (see :func:`clusters`).
+        eps: the link threshold.
+
+    Returns:
+        ``(count,)`` masses summing to 1, the largest first.
+
+    Example:
+        >>> tf.cluster_masses(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+        array([0.66666667, 0.33333333])
+    """
     return clusters(states, eps).masses
 
 
 def min_inner_product(states: Any, *, normalize: bool = True) -> Any:
-    """``min_ij <x_i, x_j>`` per configuration (1 for a single particle)."""
+    """``min_ij <x_i, x_j>`` per configuration (1 for a single particle).
+
+    Args:
+        states: ``(..., n, d)`` states, or a DataArray with ``particle`` and
+            ``feature`` dims (e.g. a run's ``states``, one value per time).
+        normalize: put the states on the unit sphere first.
+
+    Returns:
+        A float for one configuration, else an array / DataArray of the
+        leading shape.
+
+    Example:
+        >>> tf.min_inner_product(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+        0.0
+    """
 
     def frame(x: np.ndarray) -> float:
         x = normalize_rows(x) if normalize else x
@@ -142,7 +193,19 @@ def min_inner_product(states: Any, *, normalize: bool = True) -> Any:
 
 
 def diameter(states: Any) -> Any:
-    """``max_ij |x_i - x_j|`` of the normalised states (chord length, in [0, 2])."""
+    """``max_ij |x_i - x_j|`` of the normalised states (chord length, in [0, 2]).
+
+    Args:
+        states: ``(..., n, d)`` states, or a DataArray with ``particle`` and
+            ``feature`` dims.
+
+    Returns:
+        One diameter per configuration, of the leading shape.
+
+    Example:
+        >>> round(float(tf.diameter(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))), 4)
+        1.4142
+    """
     inner = min_inner_product(states)
     return np.sqrt(np.maximum(0.0, 2.0 - 2.0 * inner))
 
@@ -204,6 +267,15 @@ def plateaus(counts: Any, times: Any = None, *, min_duration: float = 0.0) -> li
         counts: ``(T,)`` cluster counts (array, or a DataArray over ``time``).
         times: ``(T,)`` times (default: the DataArray's coordinate, or 0..T-1).
         min_duration: keep plateaus at least this long (metastable states).
+
+    Returns:
+        The plateaus in time order, each with ``count``, ``start`` and ``end``
+        (the time of the first frame with another count; the last time for the
+        final plateau).
+
+    Example:
+        >>> tf.plateaus(np.array([4, 4, 3, 3, 3, 1]), min_duration=2)
+        [Plateau(count=4, start=0.0, end=2.0), Plateau(count=3, start=2.0, end=5.0)]
     """
     values, times = _series(counts, times)
     if values.size == 0:
@@ -226,5 +298,17 @@ def count_changes(counts: Any, times: Any = None) -> list[CountChange]:
 
 
 def merge_times(counts: Any, times: Any = None) -> np.ndarray:
-    """Times at which the cluster count drops (clusters merge)."""
+    """Times at which the cluster count drops (clusters merge).
+
+    Args:
+        counts: ``(T,)`` cluster counts (array, or a DataArray over ``time``).
+        times: ``(T,)`` times (default: the DataArray's coordinate, or 0..T-1).
+
+    Returns:
+        The times of the first frame after each drop, float64.
+
+    Example:
+        >>> tf.merge_times(np.array([4, 4, 3, 3, 3, 1]), times=np.linspace(0.0, 1.0, 6))
+        array([0.4, 1. ])
+    """
     return np.array([c.time for c in count_changes(counts, times) if c.is_merge], dtype=np.float64)

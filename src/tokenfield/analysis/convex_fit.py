@@ -112,6 +112,14 @@ def convex_fit(vertices: np.ndarray, target: np.ndarray) -> ConvexFit:
     Args:
         vertices: ``(m, d)`` the vertices ``u_j`` as rows.
         target: ``(d,)``.
+
+    Returns:
+        A ``ConvexFit``: ``weights`` on the simplex, ``scale`` ``c`` and the
+        relative ``residual``.
+
+    Example:
+        >>> tf.convex_fit(np.eye(3), np.array([0.2, 0.3, 0.5]))
+        ConvexFit(weights=array([0.2, 0.3, 0.5]), scale=1.0, residual=0.0)
     """
     u = np.asarray(vertices, dtype=np.float64)
     y = np.asarray(target, dtype=np.float64)

@@ -184,6 +184,17 @@ def fit_beta(
             ``0`` and 121 log-spaced values in ``[0.01, 1000]``).
         heads: per prompt, the layer's own ``(logits (H, n, n), values (H, n, d))``
             (see the module docstring); ``None``: Q = K = V = I.
+
+    Returns:
+        A ``BetaFit``: ``beta``, ``step``, ``r2``, ``cosine`` and the rest.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> states = sim.states.values
+        >>> fit = tf.fit_beta([(states[0], states[1])])
+        >>> round(fit.beta, 1), round(fit.r2, 3)
+        (4.0, 1.0)
     """
     if not pairs:
         raise UserError("no token states to fit", "give at least one prompt")
@@ -272,6 +283,19 @@ def effective_beta(
             prompt's raw states ``x`` ``(n, d)`` at time ``l`` (the layer's own
             attention, e.g. ``functools.partial(head_inputs, model)``);
             ``None``: Q = K = V = I.
+
+    Returns:
+        An ``EffectiveBeta``: one :func:`fit_beta` result per step in
+        ``fits``; ``column("beta")`` gives the fitted betas.
+
+    Example:
+        A simulated run's steps are fitted back to its own ``beta``:
+
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> fit = tf.effective_beta(sim.states.values)
+        >>> len(fit.fits), bool(np.allclose(fit.column("beta"), 4.0, rtol=1e-2))
+        (10, True)
     """
     # the causal mask follows token order (``position``)
     x, groups, time, order = trajectory_arrays(states, groups)

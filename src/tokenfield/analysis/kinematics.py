@@ -31,6 +31,18 @@ def vector_angle(u: np.ndarray, w: np.ndarray) -> np.ndarray:
 
     Uses ``2 atan2(||u^ - w^||, ||u^ + w^||)``, which stays accurate for tiny
     angles where ``arccos`` of the cosine loses half its digits.
+
+    Args:
+        u: ``(..., d)`` vectors.
+        w: ``(..., d)`` vectors (broadcast against ``u``).
+
+    Returns:
+        ``(...)`` angles in ``[0, pi]``.
+
+    Example:
+        >>> from tokenfield.analysis import vector_angle
+        >>> vector_angle(np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[0.0, 1.0], [0.0, 0.0]]))
+        array([1.57079633,        nan])
     """
     nu = np.linalg.norm(u, axis=-1, keepdims=True)
     nw = np.linalg.norm(w, axis=-1, keepdims=True)
@@ -55,6 +67,13 @@ def kinematics(ds: xr.Dataset, pcs: xr.DataArray | None = None) -> xr.Dataset:
         (step, particle); ``norm`` (time, particle); and the arrival time of each
         particle's largest step, ``fastest_step`` (by step length) and
         ``fastest_relative_step`` (by relative step), both (particle,).
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> kin = tf.kinematics(sim)
+        >>> kin.step_length.dims, kin.norm.dims
+        (('step', 'particle'), ('time', 'particle'))
     """
     states = np.asarray(
         ds["states"].transpose("time", "particle", "feature").values, dtype=np.float64

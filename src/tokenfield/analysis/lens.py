@@ -61,7 +61,22 @@ class LogitLens:
 
 
 def logit_lens_summary(ds: xr.Dataset) -> LogitLens:
-    """Summarise ``lens_rank`` / ``lens_top`` of a run traced with ``logit_lens=True``."""
+    """Summarise ``lens_rank`` / ``lens_top`` of a run traced with ``logit_lens=True``.
+
+    Args:
+        ds: the run's Dataset.
+
+    Returns:
+        A ``LogitLens``: per layer and prompt the rank of the final prediction,
+        the top token, and each prompt's ``decision_layer``.
+
+    Raises:
+        UserError: the run has no logit lens.
+
+    Example:
+        >>> ds = tf.trace("smollm2", "seed-categories", logit_lens=True)  # doctest: +SKIP
+        >>> tf.logit_lens_summary(ds).decision_layer                      # doctest: +SKIP
+    """
     if "lens_rank" not in ds:
         raise UserError(
             "this run has no logit lens", "trace it again with --logit-lens (causal models)"

@@ -57,8 +57,20 @@ class AttentionByLayer:
 def attention_by_layer(ds) -> AttentionByLayer:
     """Read the ``attn_*`` variables of a run traced with ``attention=True``.
 
+    Args:
+        ds (xarray.Dataset): the run's Dataset (:func:`tokenfield.open_run` or
+            :func:`tokenfield.trace`).
+
+    Returns:
+        An ``AttentionByLayer``: each statistic's ``(L, heads)`` mean over prompts.
+
     Raises:
         UserError: the run has no attention statistics.
+
+    Example:
+        >>> ds = tf.trace("smollm2", "seed-categories", attention=True)  # doctest: +SKIP
+        >>> tf.attention_by_layer(ds).values["sink_mass"].shape          # doctest: +SKIP
+        (30, 9)
     """
     if "attn_lambda2" not in ds:
         raise UserError(

@@ -199,7 +199,28 @@ PARTICLE_COLUMNS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Metrics:
-    """A whole ``metrics.json``; ``baseline`` is the same analysis of the baseline run."""
+    """A whole ``metrics.json``; ``baseline`` is the same analysis of the baseline run.
+
+    Attributes:
+        info, options: what was analysed and how.
+        projection, depth_ordering, kinematics: the summaries of the global frame.
+        per_layer_projection: the per-layer frame's summary, when asked for.
+        separation, centroid_distances, bifurcation: ``None`` without categories.
+        particles: one dict per analysed particle.
+        simulation: the simulation analysis (simulated runs, by :func:`tokenfield.analyze_run`).
+        baseline: the baseline run's metrics.
+        run, baseline_run: the runs' paths.
+        figures: the figure files written.
+        extra: fields this version does not know (kept on a round trip).
+
+    Example:
+        >>> from tokenfield.analysis import Metrics
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> metrics = Metrics.from_dict(tf.analyze(sim).to_dict())
+        >>> metrics.info.kind, metrics.separation is None      # no categories
+        ('simulation', True)
+    """
 
     info: Info = field(default_factory=Info)
     options: Options = field(default_factory=Options)
@@ -342,7 +363,22 @@ def _particle_row(row: dict[str, Any], where: str, source: str) -> dict[str, Any
 
 
 def summary_rows(metrics: Metrics | dict[str, Any]) -> list[tuple[str, str, str | None]]:
-    """(name, value, baseline value) rows for the short summary table."""
+    """(name, value, baseline value) rows for the short summary table.
+
+    Args:
+        metrics: a :class:`Metrics` or its dict (``metrics.json``).
+
+    Returns:
+        ``(name, value, baseline value)`` strings; the baseline value is
+        ``None`` without a baseline.
+
+    Example:
+        >>> from tokenfield.analysis import summary_rows
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> summary_rows(tf.analyze(sim).to_dict())[0]
+        ('particles x time steps', '8 x 11', None)
+    """
     if not isinstance(metrics, Metrics):
         metrics = Metrics.from_dict(metrics)
     main = _summary(metrics)

@@ -72,6 +72,20 @@ def next_embedding_curve(
             mapping from id to ``(d,)``.
         random_ids: ``(R,)`` the random tokens (a token equal to the true next
             token is left out of that position's comparison).
+
+    Returns:
+        A ``NextEmbedding``: per-layer ``(T,)`` curves of the cosine and
+        distance to the next token's embedding beside random tokens', their
+        ranks and ``z`` scores.
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> embeddings = rng.normal(size=(10, 3))      # a 10-token vocabulary
+        >>> states = rng.normal(size=(4, 8, 3))        # one prompt: 4 layers, 8 tokens
+        >>> curve = tf.next_embedding_curve([states], [np.arange(7)],
+        ...                                 lambda ids: embeddings[ids], np.arange(7, 10))
+        >>> curve.cosine.shape, curve.n_positions, curve.n_random
+        ((4,), 7, 3)
     """
     if not states:
         raise UserError("no prompts to compare with the next token")

@@ -333,12 +333,21 @@ def order_panel(
         betas: the fixed grid of ``E_beta``.
         fitted_beta: also ``E_beta`` at this beta (key ``energy_beta_fitted``).
         n_boot: bootstrap resamples (the across-prompt clouds use a fifth of them).
+        seed: seeds the bootstrap.
 
     Returns:
         ``{quantity: Pace}``: ``energy_beta_<b>``, ``matrix_entropy``,
         ``intrinsic_dimension`` of the prompts' token clouds; with ``last``, the
         same on the last-token cloud prefixed ``last_token_``, and ``fuzziness``
         when ``labels`` has two or more categories.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> states = sim.states.values                 # two "prompts" of 4 tokens
+        >>> panel = tf.order_panel([states[:, :4], states[:, 4:]], n_boot=50)
+        >>> sorted(panel)[:3], panel["matrix_entropy"].per_layer.shape
+        (['energy_beta_1', 'energy_beta_16', 'energy_beta_4'], (11,))
     """
     measures: dict[str, Callable[[np.ndarray], float]] = {}
     for beta in betas:

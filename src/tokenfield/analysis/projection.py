@@ -50,6 +50,13 @@ class Projection:
         include_final_norm: the fit included ``final_norm_states``.
         times: the time coordinate the per-layer frames belong to (else None).
         source: free-form provenance (the run path, kind, model).
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> frame = tf.fit_projection(sim)
+        >>> frame.components.shape, frame.per_layer
+        ((3, 3), False)
     """
 
     mean: np.ndarray
@@ -96,7 +103,22 @@ class Projection:
 
 
 def load_projection(path: str | Path) -> Projection:
-    """Read a frame written by :meth:`Projection.save` (a file or a run directory)."""
+    """Read a frame written by :meth:`Projection.save` (a file or a run directory).
+
+    Args:
+        path: an ``.npz`` file, or a run directory holding the
+            ``projection.npz`` that :func:`tokenfield.analyze_run` wrote.
+
+    Returns:
+        The :class:`Projection`, ready for :func:`project`.
+
+    Raises:
+        UserError: no frame at ``path``.
+
+    Example:
+        >>> frame = tf.load_projection("runs/spectrum")   # doctest: +SKIP
+        >>> pcs = tf.project(tf.open_run("runs/spectrum-steered"), frame)  # doctest: +SKIP
+    """
     path = Path(path)
     if path.is_dir():
         path = path / PROJECTION_NPZ
@@ -251,6 +273,13 @@ def project(ds: xr.Dataset, frame: Projection) -> xr.DataArray:
         When the frame included the final norm and ``ds`` has
         ``final_norm_states``, they are appended as one more time step whose
         ``is_final_norm`` coordinate is True.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> pcs = tf.project(sim, tf.fit_projection(sim))
+        >>> pcs.dims, pcs.shape
+        (('time', 'particle', 'component'), (11, 8, 3))
     """
     states = _states(ds)
     if states.shape[-1] != frame.n_features:
@@ -306,6 +335,13 @@ class DepthOrdering:
             coordinate along each particle's path, dims (particle,).
         overall: the same over every (time, particle) pair pooled.
         component: which component was tested (1 = PC1).
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> order = tf.depth_ordering(tf.project(sim, tf.fit_projection(sim)))
+        >>> type(order).__name__, order.component
+        ('DepthOrdering', 1)
     """
 
     per_particle: xr.DataArray
@@ -329,6 +365,17 @@ def depth_ordering(pcs: xr.DataArray, component: int = 1) -> DepthOrdering:
         pcs: (time, particle, component) from :func:`project` with a global frame
             (with a per-layer frame every correlation is NaN).
         component: the component number (1-based).
+
+    Returns:
+        A ``DepthOrdering``: ``per_particle`` (particle,) and ``overall``
+        correlations and the ``component`` tested.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> order = tf.depth_ordering(tf.project(sim, tf.fit_projection(sim)))
+        >>> order.per_particle.dims, -1.0 <= order.overall <= 1.0
+        (('particle',), True)
     """
     from scipy.stats import spearmanr
 

@@ -43,6 +43,20 @@ def select_particles(ds: xr.Dataset, which: str = "last") -> xr.Dataset:
     ``"last"``: each prompt's last real token when the run has ``is_last``
     (the seed followed the last token, the one that predicts the next);
     otherwise every particle. ``"all"``: every particle.
+
+    Args:
+        ds: a trajectory Dataset.
+        which: ``"last"`` or ``"all"``.
+
+    Returns:
+        ``ds`` restricted to those particles.
+
+    Example:
+        >>> from tokenfield.analysis import select_particles
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> select_particles(sim, "last").sizes["particle"]   # no is_last: every particle
+        8
     """
     if which not in ("last", "all"):
         raise UserError(f"unknown particle selection '{which}'", "use 'last' or 'all'")
@@ -85,7 +99,20 @@ def select_times(ds: xr.Dataset, times: str = "seed") -> xr.Dataset:
 
 def display_labels(obj: xr.Dataset | xr.DataArray) -> list[str]:
     """A short name per particle: its ``label`` (e.g. the seed's prompt number),
-    else its prompt index, else its particle id."""
+    else its prompt index, else its particle id.
+
+    Args:
+        obj: a Dataset or DataArray with a ``particle`` dim.
+
+    Returns:
+        One string per particle.
+
+    Example:
+        >>> from tokenfield.analysis import display_labels
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> ", ".join(display_labels(sim)[:3])
+        '0, 1, 2'"""
     n = obj.sizes["particle"]
     for name in ("label", "prompt_index", "particle"):
         if name in obj.coords:
@@ -110,15 +137,26 @@ class RunAnalysis:
     Attributes:
         info: what was analysed (kind, model, sizes, categories).
         options: the analysis options.
-        frame: the global PCA frame; ``pcs`` the particles in it (time,
-            particle, component).
+        frame: the global PCA frame.
+        pcs: the particles in it (time, particle, component).
         depth: PC1 against time.
+        depth_by_times: the depth ordering under each times convention
+            (``"seed"``, ``"all"``).
         kinematics: see :func:`tokenfield.analysis.kinematics.kinematics`.
         separation, bifurcation, centroids: None when the run has no categories.
         layers: the time steps chosen for tables and heatmaps.
         per_layer_frame, per_layer_pcs: the per-layer PCA, when asked for.
         baseline: the same analysis of a baseline run (e.g. random weights).
         simulation: the simulation analysis, for simulated runs.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> result = tf.analyze(sim)
+        >>> type(result).__name__, result.pcs.dims
+        ('RunAnalysis', ('time', 'particle', 'component'))
+        >>> "depth_ordering" in result.to_dict()
+        True
     """
 
     info: dict[str, Any]

@@ -159,6 +159,12 @@ def silhouette_batch(dist: np.ndarray, codes: np.ndarray, n_codes: int) -> np.nd
 
     Returns:
         (batch,) mean silhouettes; equal to ``sklearn.metrics.silhouette_score``.
+
+    Example:
+        >>> from tokenfield.analysis import silhouette_batch
+        >>> dist = np.array([[0, 0.1, 1, 1], [0.1, 0, 1, 1], [1, 1, 0, 0.1], [1, 1, 0.1, 0]])
+        >>> silhouette_batch(dist, np.array([[0, 0, 1, 1], [0, 1, 0, 1]]), 2)
+        array([ 0.9 , -0.45])
     """
     onehot = np.eye(n_codes)[codes]  # (batch, n, k)
     sums = np.einsum("ij,bjk->bik", dist, onehot)  # (batch, n, k)
@@ -236,6 +242,13 @@ def separation(
         A Dataset over ``time`` with the variables above; attrs record the
         categories, ``n_permutations``, ``seed``, ``shuffle_unit``
         (``"prompt"``, ``"group"`` or ``"particle"``) and ``shuffled_units``.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> sep = tf.separation(sim, ["a"] * 4 + ["b"] * 4, n_permutations=20)
+        >>> sep.silhouette.dims, sep.attrs["shuffle_unit"]
+        (('time',), 'particle')
     """
     from sklearn.metrics import silhouette_score
 
@@ -305,9 +318,20 @@ def separation(
 def centroid_distances(ds: xr.Dataset, labels: str | Sequence[str] = "category") -> xr.DataArray:
     """Cosine distance between every pair of category centroids at every time step.
 
+    Args:
+        ds: a trajectory with ``states`` (time, particle, feature).
+        labels: a particle coordinate name, or one label per particle.
+
     Returns:
         (time, category, other) with ``1 - <mu_a, mu_b> / (||mu_a|| ||mu_b||)``,
         ``mu_c`` the mean unit vector of category ``c``.
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> dist = tf.centroid_distances(sim, ["a"] * 4 + ["b"] * 4)
+        >>> dist.dims, dist.shape
+        (('time', 'category', 'other'), (11, 2, 2))
     """
     names = category_labels(ds, labels).astype(str)
     categories = sorted(set(names.tolist()))
@@ -371,6 +395,13 @@ def bifurcation(
         A Dataset with ``d_own``, ``d_other``, ``nearest_other`` (time,
         particle) and ``split_layer``, ``bifurcation_layer``, ``joined``
         (particle,).
+
+    Example:
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> bif = tf.bifurcation(sim, ["a"] * 4 + ["b"] * 4)
+        >>> bif.d_own.dims, bif.split_layer.dims
+        (('time', 'particle'), ('particle',))
     """
     if not 0 < margin < 1:
         raise UserError(f"margin must be in (0, 1), got {margin}", "use e.g. 0.25")

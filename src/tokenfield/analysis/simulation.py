@@ -92,6 +92,14 @@ def analyze_simulation(
         "energy", "cluster_count", "min_inner_product", "plateaus",
         "metastable", "merges", "final", "energy_nondecreasing"}``; with a
         batch, the same for system 0 plus ``"systems"`` (one dict per system).
+
+    Example:
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1)
+        >>> summary = tf.analyze_simulation(sim)
+        >>> final = summary["final"]
+        >>> final["time"], len(summary["cluster_count"])
+        (1.0, 11)
     """
     if "states" not in ds:
         raise UserError("the Dataset has no 'states' variable", "pass a simulation run")

@@ -74,7 +74,25 @@ class SimulatedClouds:
 
 @dataclass(frozen=True)
 class TheoryLens:
-    """Everything :func:`theory_lens` measured (``None``: skipped, see ``notes``)."""
+    """Everything :func:`theory_lens` measured (``None``: skipped, see ``notes``).
+
+    Attributes:
+        info: what was measured (run, model, sizes).
+        clouds, baseline_clouds: :func:`token_clouds` of the run and of the baseline.
+        simulated: the clouds of the simulator run from the layer-0 tokens.
+        attention, baseline_attention: :func:`attention_by_layer` of each.
+        beta, baseline_beta: :func:`effective_beta` with ``Q = K = V = I``.
+        beta_heads, baseline_beta_heads: the same with each layer's own heads
+            (needs the model).
+        probes, baseline_probes: probe name -> :func:`probe_accuracy` curve.
+        lens: :func:`logit_lens_summary`.
+        notes: why a section was skipped.
+
+    Example:
+        >>> lens = tf.theory_lens("runs/spectrum")    # doctest: +SKIP
+        >>> lens.beta.column("beta")                  # doctest: +SKIP
+        >>> lens.notes                                # doctest: +SKIP
+    """
 
     info: dict[str, Any]
     clouds: TokenClouds | None = None

@@ -125,7 +125,22 @@ def pde_vs_particles(
         kappa: concentration of the starting bump ``e^{kappa cos(theta - pi)}``.
         cells: PDE grid (the error is estimated against ``2 * cells``).
         sampling: ``"quantile"`` or ``"random"`` (then ``seeds`` runs per ``n``).
+        seeds: particle runs per ``n`` with ``"random"`` sampling.
         dt: particle RK4 step.
+
+    Returns:
+        A ``PDEComparison``: the PDE density at ``times``, the Wasserstein-1
+        distance ``w1`` ``(N, T)`` of the particle runs to it (mean over
+        seeds), the PDE's own error ``pde_error`` and the slope ``rate`` of
+        ``log W1`` against ``log n`` at each time.
+
+    Raises:
+        UserError: fewer than two particle counts, or bad times.
+
+    Example:
+        >>> cmp = tf.pde_vs_particles(4.0, ns=(16, 32), times=(0.0, 0.5), cells=128, dt=0.05)
+        >>> cmp.w1.shape
+        (2, 2)
     """
     ns = np.asarray(sorted({int(n) for n in np.atleast_1d(ns)}), dtype=np.int64)
     times = np.asarray(sorted({float(t) for t in np.atleast_1d(times)}), dtype=np.float64)

@@ -67,12 +67,19 @@ class MetastabilityConfig:
     Attributes:
         k: caps (centres ``e_1, -e_1, e_2, ...``; ``2 <= k <= 2 d``).
         dim: ``d``.
-        per_cap: particles per cap; cap_radius: the caps' angular radius.
+        per_cap: particles per cap.
+        cap_radius: the caps' angular radius.
         normalization, time: the dynamics (``Q = K = V = I``).
         seeds: systems in the batch (seeds ``seed .. seed + seeds - 1``).
+        seed: the first seed.
         eps: cluster threshold (linked at ``cos >= 1 - eps``).
         t_cap: give up at this time (the merge time is then ``inf``).
         rtol: the adaptive solver's tolerance (``atol = rtol / 100``).
+
+    Example:
+        >>> config = tf.MetastabilityConfig(k=3, dim=2, seeds=2)
+        >>> config.per_cap, config.normalization
+        (4, 'sa')
     """
 
     k: int = 3
@@ -198,7 +205,22 @@ def metastability(
 ) -> MetastabilityResult:
     """:func:`first_merge_times` for every ``beta`` and the fit of ``log T`` in ``beta``
     (over ``beta >= fit_min_beta`` when given: the asymptotic regime). ``config`` (a
-    :class:`MetastabilityConfig`) or its fields as keywords (``k=3, dim=2``)."""
+    :class:`MetastabilityConfig`) or its fields as keywords (``k=3, dim=2``).
+
+    Args:
+        betas: inverse temperatures.
+        config: the settings (default :class:`MetastabilityConfig`).
+        fit_min_beta: fit the slope over ``beta >= fit_min_beta`` only.
+        **overrides: :class:`MetastabilityConfig` fields overriding ``config``.
+
+    Returns:
+        A ``MetastabilityResult``: ``merge_times`` (beta, seed), the fitted
+        ``slope`` of ``log T`` against ``beta`` and the ``predicted_slope``.
+
+    Example:
+        >>> result = tf.metastability([2.0, 3.0, 4.0], k=3, dim=2, seeds=2)  # doctest: +SKIP
+        >>> result.slope, result.predicted_slope                             # doctest: +SKIP
+    """
     config = MetastabilityConfig.of(config, **overrides)
     betas = np.asarray(sorted(float(b) for b in np.atleast_1d(betas)), dtype=np.float64)
     rows = []

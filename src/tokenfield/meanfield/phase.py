@@ -57,7 +57,8 @@ class PhaseDiagramConfig:
         dims: dimensions ``d``.
         betas: inverse temperatures.
         t_max, frames: saved times ``linspace(0, t_max, frames)``.
-        n_particles: ``n`` tokens per system; n_systems: ``S`` random starts.
+        n_particles: ``n`` tokens per system.
+        n_systems: ``S`` random starts.
         delta: merged means ``<x_i, x_j> >= 1 - delta``.
         normalization, time: the dynamics (``Q = K = V = I``).
         dt, solver: the integrator (fixed step, float64): ``"rk4"``, or
@@ -67,6 +68,11 @@ class PhaseDiagramConfig:
         pairs: ``"all"`` pairs or the ``"first"`` pair ``(x_1, x_2)``.
         seed: base seed (system starts for dimension ``d`` use ``seed + d``).
         beta_block: betas per task (also the Zarr chunk along ``beta``).
+
+    Example:
+        >>> config = tf.PhaseDiagramConfig(dims=(2,), betas=(0.0, 4.0), t_max=5.0, frames=6)
+        >>> config.to_dict()["dims"], config.betas
+        ([2], (0.0, 4.0))
     """
 
     dims: tuple[int, ...] = (2, 8, 32, 128)
@@ -324,6 +330,21 @@ def phase_diagram(
         report: filled in with what ran.
         progress: called as ``progress(done, total)`` (tasks) at the start and
             after each task.
+
+    Returns:
+        The Dataset above (opened from ``store`` when given), its config in
+        ``attrs["tokenfield_config"]``.
+
+    Raises:
+        UserError: an unknown executor, ``"dask"`` without ``store``, or a
+            store holding another sweep (without ``overwrite``).
+
+    Example:
+        >>> config = tf.PhaseDiagramConfig(dims=(2,), betas=(0.0, 4.0), t_max=5.0,
+        ...                                frames=6, n_particles=8, n_systems=2)
+        >>> phase = tf.phase_diagram(config)
+        >>> dict(phase.merged_probability.sizes)
+        {'dim': 1, 'beta': 2, 'time': 6}
     """
     if executor not in ("inprocess", "dask"):
         raise UserError(f"unknown executor {executor!r}", "use inprocess or dask")

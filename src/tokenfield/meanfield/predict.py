@@ -186,6 +186,11 @@ class PlateauConfig(_Starts):
             gather are shorter).
         frames: cluster counts are taken at this many evenly spaced times.
         dt: RK4 step (default ``min(0.25, 0.1 / lambda_max)``).
+
+    Example:
+        >>> config = tf.PlateauConfig(n_particles=64, seeds=2)
+        >>> config.normalization, config.n_particles
+        ('usa', 64)
     """
 
     eps: float | None = None
@@ -207,6 +212,11 @@ class GrowthConfig(_Starts):
         amplitude_limit: the fit stops where the largest amplitude reaches this.
         dt: RK4 step (default ``0.05 / lambda_max``; the RK4 error in a rate is
             ``O(lambda^5 dt^4)``).
+
+    Example:
+        >>> config = tf.GrowthConfig(normalization="sa", n_particles=64)
+        >>> config.noise, config.amplitude_limit
+        (1e-08, 1e-05)
     """
 
     noise: float = 1e-8  # a smaller start: the linear phase (the fields keep their order)
@@ -344,6 +354,20 @@ def growth_rate_experiment(
 
     ``config`` (a :class:`GrowthConfig`, whose fields are documented there) or its
     fields as keywords (``normalization="sa", n_particles=64``).
+
+    Args:
+        beta: inverse temperature.
+        config: the settings (default :class:`GrowthConfig`).
+        **overrides: :class:`GrowthConfig` fields overriding ``config``.
+
+    Returns:
+        A ``GrowthRateFit``: the fitted rate of each mode beside the discrete
+        and continuum theory.
+
+    Example:
+        >>> fit = tf.growth_rate_experiment(4.0, n_particles=32, seeds=1)  # doctest: +SKIP
+        >>> fit.modes, fit.fitted.round(2)                                 # doctest: +SKIP
+        (array([1, 2, 3, 4, 5, 6]), array([0.04, 0.12, 0.14, 0.1 , 0.06, 0.03]))
     """
     c = GrowthConfig.of(config, **overrides)
     normalization, n_particles, noise = c.normalization, c.n_particles, c.noise
@@ -405,7 +429,23 @@ def cluster_prediction(
     **options: Any,
 ) -> ClusterPrediction:
     """:func:`first_plateau_experiment` for every ``beta`` and normalization
-    (``progress()`` is called after each); ``config`` or ``options`` as there."""
+    (``progress()`` is called after each); ``config`` or ``options`` as there.
+
+    Args:
+        betas: inverse temperatures.
+        config: a :class:`PlateauConfig` (default settings when ``None``).
+        normalizations: run each ``beta`` with each of these.
+        progress: called with no arguments after each experiment.
+        **options: :class:`PlateauConfig` fields overriding ``config``.
+
+    Returns:
+        A ``ClusterPrediction``; ``rows()`` gives one dict per (normalization,
+        beta) with ``k_max``, ``sqrt_2beta`` and the ``first_plateau_counts``.
+
+    Example:
+        >>> pred = tf.cluster_prediction([4.0, 9.0], n_particles=64, seeds=2)  # doctest: +SKIP
+        >>> [(r["beta"], r["k_max"], r["median_count"]) for r in pred.rows()]   # doctest: +SKIP
+    """
     betas = [float(b) for b in np.atleast_1d(np.asarray(betas, dtype=float))]
     results = []
     for norm in normalizations:

@@ -114,6 +114,19 @@ def funk_hecke_eigenvalue(degree: Any, beta: float, dim: int = 2) -> np.ndarray:
 
     ``mu_l = Gamma(d/2) (2/beta)^{d/2-1} I_{l+d/2-1}(beta)``; ``mu_l(0) = [l = 0]``;
     ``mu_l(-beta) = (-1)^l mu_l(beta)``. Overflows to ``inf`` past ``beta ~ 700``.
+
+    Args:
+        degree: harmonic degrees ``l >= 0`` (mode numbers ``k`` on the circle).
+        beta: inverse temperature (any sign).
+        dim: ``d`` (the sphere ``S^{d-1}``).
+
+    Returns:
+        ``(len(degree),)`` float64.
+
+    Example:
+        >>> from tokenfield.meanfield import funk_hecke_eigenvalue
+        >>> funk_hecke_eigenvalue([0, 1], beta=1.0, dim=2).round(4)   # 2 pi I_k(1)
+        array([1.2661, 0.5652])
     """
     beta, dim = _check(beta, dim, "usa", "paper")
     degree = _modes(degree)
@@ -127,7 +140,20 @@ def funk_hecke_eigenvalue(degree: Any, beta: float, dim: int = 2) -> np.ndarray:
 
 def harmonic_dimension(degree: Any, dim: int) -> np.ndarray:
     """Number of independent degree-``l`` spherical harmonics on ``S^{d-1}``
-    (``2`` for ``k >= 1`` on the circle: ``cos k theta``, ``sin k theta``)."""
+    (``2`` for ``k >= 1`` on the circle: ``cos k theta``, ``sin k theta``).
+
+    Args:
+        degree: harmonic degrees ``l >= 0``.
+        dim: ``d``.
+
+    Returns:
+        ``(len(degree),)`` int64 (an object array of Python ints past ``2^63``).
+
+    Example:
+        >>> from tokenfield.meanfield import harmonic_dimension
+        >>> harmonic_dimension([0, 1, 2, 3], dim=3)          # 2 l + 1 on S^2
+        array([1, 3, 5, 7])
+    """
     degree = _modes(degree)
     if dim == 2:
         return np.where(degree == 0, 1, 2).astype(np.int64)
@@ -177,6 +203,10 @@ def growth_rates(
     Returns:
         ``(len(modes),)`` float64. USA in paper time overflows to ``inf`` past
         ``beta ~ 700`` (use ``time="rescaled"``); ``k_max`` never does.
+
+    Example:
+        >>> tf.growth_rates([0, 1, 2, 3], beta=4.0).round(4)
+        array([0.    , 2.4399, 6.4222, 7.5089])
     """
     beta, dim = _check(beta, dim, normalization, time)
     degree = _modes(modes)
@@ -192,7 +222,20 @@ def growth_rates(
 
 def seed_growth_rates(modes: Any, beta: float) -> np.ndarray:
     """The seed notes' formula ``I_k(beta) / beta`` (kept to show why it fails:
-    its maximiser over ``k >= 1`` is always ``k = 1``)."""
+    its maximiser over ``k >= 1`` is always ``k = 1``).
+
+    Args:
+        modes: mode numbers ``k >= 0``.
+        beta: inverse temperature (non-zero).
+
+    Returns:
+        ``(len(modes),)`` float64, decreasing in ``k``.
+
+    Example:
+        >>> from tokenfield.meanfield import seed_growth_rates
+        >>> seed_growth_rates([1, 2, 3], beta=9.0).round(3)   # largest at k = 1
+        array([114.546,  96.055,  71.855])
+    """
     degree = _modes(modes)
     beta = float(beta)
     with np.errstate(over="ignore"):
@@ -218,6 +261,24 @@ def discrete_growth_rates(
     particles on the circle (exact for every ``n``; see the module docstring):
     ``sum_p [c(k + p n) - c(p n)]``, ``c(q) = q^2 I_q(beta) / beta``; SA divides by
     ``sum_p I_{pn}(beta)``. Tends to :func:`growth_rates` (``d = 2``) as ``n`` grows.
+
+    Args:
+        modes: mode numbers ``k`` (up to ``n / 2`` are distinct).
+        beta: inverse temperature.
+        n_particles: ``n``.
+        normalization: ``"usa"`` or ``"sa"``.
+        time: ``"paper"`` or ``"rescaled"``.
+
+    Returns:
+        ``(len(modes),)`` float64.
+
+    Raises:
+        ParameterError: ``n_particles < 1``.
+
+    Example:
+        >>> from tokenfield.meanfield import discrete_growth_rates
+        >>> discrete_growth_rates([1, 2, 3], beta=9.0, n_particles=64).round(3)
+        array([114.546, 384.221, 646.694])
     """
     beta, _ = _check(beta, 2, normalization, time)
     if isinstance(n_particles, bool) or int(n_particles) < 1:
@@ -257,6 +318,11 @@ class StabilitySpectrum:
         multiplicity: ``(m,)`` how many independent modes share the rate.
         n_particles: ``None`` for the continuum, else the discrete (``n``
             equispaced particles) rates.
+
+    Example:
+        >>> spectrum = tf.stability_spectrum(9.0, dim=2)
+        >>> spectrum.modes[:3], spectrum.k_max
+        (array([0, 1, 2]), 4)
     """
 
     beta: float
@@ -368,6 +434,9 @@ def stability_spectrum(
         n_particles: give the discrete rates of ``n`` equispaced particles on
             the circle instead of the continuum (``d = 2`` only; modes up to ``n/2``).
 
+    Returns:
+        A :class:`StabilitySpectrum`: the modes, their rates and multiplicities.
+
     Example:
         >>> tf.stability_spectrum(9.0, dim=2).k_max
         4
@@ -404,6 +473,14 @@ def most_unstable_mode(beta: float, *, dim: int = 2, normalization: Normalizatio
     linear stability predicts on the circle (the degree ``l_max`` on ``S^{d-1}``).
     The same for SA and USA (their rates differ by a ``k``-independent factor).
 
+    Args:
+        beta: inverse temperature.
+        dim: ``d`` (particles on ``S^{d-1}``).
+        normalization: ``"usa"`` or ``"sa"`` (the same answer).
+
+    Returns:
+        ``k_max`` (``l_max`` for ``d >= 3``), at least 1.
+
     Example:
         >>> tf.most_unstable_mode(9.0, dim=2)
         4
@@ -416,8 +493,15 @@ class KmaxCurve:
     """``k_max`` against ``beta`` with the large-``beta`` law ``sqrt(2 beta)``.
 
     Attributes:
-        betas: ``(b,)``; k_max: ``(b,)``; top_rate: ``(b,)`` ``lambda_{k_max}``;
+        betas: ``(b,)``.
+        k_max: ``(b,)`` the most unstable mode at each beta.
+        top_rate: ``(b,)`` ``lambda_{k_max}``.
         dim, normalization, time: the setting.
+
+    Example:
+        >>> curve = tf.k_max_curve([1.0, 9.0])
+        >>> curve.k_max, curve.dim
+        (array([1, 4]), 2)
     """
 
     betas: np.ndarray
@@ -462,7 +546,21 @@ def k_max_curve(
     normalization: Normalization = "usa",
     time: TimeConvention = "paper",
 ) -> KmaxCurve:
-    """:func:`most_unstable_mode` and its rate for every ``beta`` in ``betas``."""
+    """:func:`most_unstable_mode` and its rate for every ``beta`` in ``betas``.
+
+    Args:
+        betas: inverse temperatures.
+        dim: ``d`` (particles on ``S^{d-1}``).
+        normalization: ``"usa"`` or ``"sa"``.
+        time: ``"paper"`` or ``"rescaled"`` (scales the rates only).
+
+    Returns:
+        A ``KmaxCurve`` with ``betas``, ``k_max`` and ``top_rate`` (``(b,)`` each).
+
+    Example:
+        >>> tf.k_max_curve([1.0, 9.0, 25.0]).k_max
+        array([1, 4, 7])
+    """
     betas = np.asarray(betas, dtype=np.float64).reshape(-1)
     if betas.size == 0:
         raise UserError("no beta values given", "pass e.g. --betas 1:100")
@@ -496,8 +594,20 @@ def equispaced_jacobian(
     ``theta_i' = <f_i, (-sin theta_i, cos theta_i)>``) and differentiated with
     :func:`torch.autograd.functional.jacobian` in float64.
 
+    Args:
+        n_particles: ``n``.
+        beta: inverse temperature.
+        normalization: ``"usa"`` or ``"sa"``.
+        time: ``"paper"`` or ``"rescaled"``.
+
     Returns:
         ``(n, n)`` float64; symmetric circulant.
+
+    Example:
+        >>> from tokenfield.meanfield import equispaced_jacobian
+        >>> jac = equispaced_jacobian(8, beta=4.0)
+        >>> jac.shape, bool(np.allclose(jac, jac.T))
+        ((8, 8), True)
     """
     import torch
 
@@ -533,7 +643,23 @@ def circle_jacobian(
 
 def circulant_mode_eigenvalues(jacobian: np.ndarray) -> np.ndarray:
     """Eigenvalue of Fourier mode ``k = 0..n-1`` of a circulant matrix:
-    ``sum_m J[0, m] e^{2 pi i k m / n}`` (real part; exact for a symmetric one)."""
+    ``sum_m J[0, m] e^{2 pi i k m / n}`` (real part; exact for a symmetric one).
+
+    Args:
+        jacobian: ``(n, n)`` circulant (only its first row is read).
+
+    Returns:
+        ``(n,)`` float64, mode ``k`` at index ``k``.
+
+    Example:
+        The autograd Jacobian's modes are the closed-form discrete rates:
+
+        >>> from tokenfield.meanfield import (circulant_mode_eigenvalues,
+        ...                                   discrete_growth_rates, equispaced_jacobian)
+        >>> modes = circulant_mode_eigenvalues(equispaced_jacobian(8, beta=4.0))
+        >>> bool(np.allclose(modes[:5], discrete_growth_rates(range(5), 4.0, 8)))
+        True
+    """
     row = np.asarray(jacobian, dtype=np.float64)[0]
     return np.real(np.fft.ifft(row) * row.size)
 

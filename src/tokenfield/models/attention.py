@@ -363,6 +363,14 @@ def attention_matrices(model: Any, prompt: str | Sequence[int]) -> np.ndarray:
     Args:
         model: a :class:`tokenfield.models.load.LoadedModel`.
         prompt: text (tokenized like :func:`tokenfield.trace` does) or token ids.
+
+    Returns:
+        ``(blocks, heads, n, n)`` float32, rows summing to 1.
+
+    Example:
+        >>> model = tf.load_model("smollm2")                                 # doctest: +SKIP
+        >>> tf.attention_matrices(model, "The capital of France is").shape[:2]  # doctest: +SKIP
+        (30, 9)
     """
     ids = model.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
     if not ids:

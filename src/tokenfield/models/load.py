@@ -75,6 +75,13 @@ class LoadedModel:
             before it was recorded keep their config and still resume).
         sites: blocks and final norm (see :mod:`tokenfield.models.sites`).
         random_weights: True for a random-weight copy of the architecture.
+        seed: the seed of the random weights (``None`` for real weights).
+        extra: loader details worth recording (free-form).
+
+    Example:
+        >>> model = tf.load_model("smollm2")              # doctest: +SKIP
+        >>> model.name, model.random_weights              # doctest: +SKIP
+        ('smollm2', False)
     """
 
     model: nn.Module
@@ -145,7 +152,27 @@ def wrap_model(
     random_weights: bool = False,
     seed: int | None = None,
 ) -> LoadedModel:
-    """Wrap an already-built Hugging Face model and tokenizer for tracing."""
+    """Wrap an already-built Hugging Face model and tokenizer for tracing.
+
+    Args:
+        model: the ``nn.Module``; put in eval mode with gradients off.
+        tokenizer: its tokenizer.
+        name: recorded as the model's name in a run.
+        source_hash: identifies the weights; empty: a fingerprint of a few
+            values of every tensor.
+        random_weights: mark the model as a random-weight baseline.
+        seed: the seed the random weights were drawn with, if any.
+
+    Returns:
+        A :class:`LoadedModel` that :func:`tokenfield.trace` accepts.
+
+    Example:
+        >>> from transformers import AutoModelForCausalLM, AutoTokenizer  # doctest: +SKIP
+        >>> hf = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M")  # doctest: +SKIP
+        >>> tok = AutoTokenizer.from_pretrained("HuggingFaceTB/SmolLM2-135M")  # doctest: +SKIP
+        >>> model = tf.wrap_model(hf, tok, "smollm2-mine")     # doctest: +SKIP
+        >>> ds = tf.trace(model, "seed-categories")           # doctest: +SKIP
+    """
     model.eval()
     model.requires_grad_(False)
     if not source_hash:
@@ -344,6 +371,9 @@ def load_model(
             ``{"cuda:0": "20GiB", "cpu": "60GiB"}`` or ``"0=20GiB,cpu=60GiB"``.
         offload_folder: with ``device_map``, where weights that fit nowhere
             are offloaded to disk.
+
+    Returns:
+        A :class:`LoadedModel` in eval mode, gradients off.
 
     Raises:
         UserError: unknown name, missing file, hub unreachable, bad device/dtype.

@@ -142,6 +142,10 @@ def stationary_distribution(matrix: np.ndarray) -> np.ndarray:
 
     Returns:
         ``(n,)``.
+
+    Example:
+        >>> tf.stationary_distribution(np.array([[0.5, 0.5], [0.25, 0.75]]))
+        array([0.33333333, 0.66666667])
     """
     p = _check_stochastic(matrix)
     values, vectors = np.linalg.eig(p.T)
@@ -278,6 +282,13 @@ def summarize_attention(weights: np.ndarray, *, causal: bool) -> AttentionSummar
 
     Returns:
         The summary; nothing of size ``n x n`` is kept.
+
+    Example:
+        >>> weights = np.tril(np.ones((4, 4)))
+        >>> weights /= weights.sum(axis=1, keepdims=True)   # causal, uniform rows
+        >>> summary = tf.summarize_attention(weights, causal=True)
+        >>> summary.entropy, summary.sink_mass.round(4)
+        (array([1.]), array([0.3611]))
     """
     w = np.asarray(weights)  # kept in its own dtype; one head at a time in float64
     if w.ndim == 2:

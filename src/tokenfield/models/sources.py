@@ -116,7 +116,18 @@ def cache_root() -> Path:
 
 
 def list_bundled_models() -> list[dict[str, Any]]:
-    """The bundled models, whether each is installed, and its cache state."""
+    """The bundled models and whether each is installed.
+
+    Returns:
+        One dict per bundled model: ``name``, ``installed`` (its package is
+        importable), ``description``, ``install`` (how to install it) and
+        ``default`` (the model used when none is named).
+
+    Example:
+        >>> names = [row["name"] for row in tf.list_bundled_models()]
+        >>> "smollm2" in names and "gemma3-270m" in names
+        True
+    """
     rows = []
     for spec in BUNDLED.values():
         folder = _package_folder(spec.package)

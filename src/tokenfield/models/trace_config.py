@@ -53,6 +53,11 @@ class TraceConfig:
     Raises:
         ParameterError: a bad value, naming its parameter.
         UserError: bad prompts; ``workers`` with ``scheduler``; a bad scheduler address.
+
+    Example:
+        >>> config = tf.TraceConfig(prompts="seed-spectrum", positions="all", batch_size=4)
+        >>> len(config.prompts), config.positions, config.batch_size
+        (21, 'all', 4)
     """
 
     prompts: Any = "seed-categories"

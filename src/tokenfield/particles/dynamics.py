@@ -93,6 +93,15 @@ class Mlp:
         b_in: ``(m,)`` / ``(L, m)``; zero when omitted.
         b_out: ``(d,)`` / ``(L, d)``; zero when omitted.
         activation: ``relu``, ``gelu``, ``tanh`` or ``identity``.
+
+    Example:
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> w_in = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+        >>> w_out = 0.1 * torch.randn(3, 5, generator=gen, dtype=torch.float64)
+        >>> dyn = tf.Dynamics(beta=1.0, mlp=tf.Mlp(w_in, w_out, activation="gelu"))
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> dict(tf.simulate(dyn, x0, t_max=0.2, dt=0.1).sizes)
+        {'time': 3, 'particle': 8, 'feature': 3}
     """
 
     w_in: Any
@@ -222,6 +231,14 @@ class Dynamics:
         chunk_size: queries per block where a block loop is used (the USA
             log-sum-exp fallback, CUDA float64); a memory knob only. ``None``
             picks blocks of 2 MiB (CPU) or 1 GiB (CUDA).
+
+    Example:
+        >>> q = tf.random_matrices(3, heads=2, seed=0)
+        >>> v = tf.random_matrices(3, heads=2, seed=1)
+        >>> dyn = tf.Dynamics(beta=1.0, query=q, key=q, value=v)
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> dict(tf.simulate(dyn, x0, t_max=0.2, dt=0.1).sizes)
+        {'time': 3, 'particle': 8, 'feature': 3}
     """
 
     beta: float = 1.0
@@ -464,6 +481,12 @@ def random_matrices(
 
     Returns:
         ``(H, d, d)`` or ``(L, H, d, d)``.
+
+    Example:
+        >>> tuple(tf.random_matrices(3, heads=2, seed=0).shape)
+        (2, 3, 3)
+        >>> tuple(tf.random_matrices(3, heads=2, layers=4, ensemble="orthogonal").shape)
+        (4, 2, 3, 3)
     """
     if dim < 2:
         raise ParameterError(

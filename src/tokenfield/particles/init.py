@@ -285,6 +285,20 @@ def initial_condition(
     be ``None`` (taken from the run) and, when given, must match it (``d`` may be
     smaller: a principal-direction projection).
 
+    Args:
+        spec: ``"uniform"``, ``"equispaced"``, ``"orthogonal"``, ``"caps"``, or
+            ``"run:PATH"`` / ``"run:PATH@LAYER"`` (a traced run's tokens).
+        n: the number of particles.
+        d: the dimension (points on ``S^{d-1}``).
+        seed: seeds the draw (the same cloud on every device and dtype).
+        noise: standard deviation of Gaussian noise added before normalising.
+        batch: draw this many independent systems, ``(batch, n, d)``.
+        caps_count: the number of caps (``"caps"``).
+        cap_radius: the caps' angular radius (``"caps"``).
+        prompt_index: which prompt of the run (``"run:"``).
+        dtype: the returned dtype (drawn in float64, then cast).
+        device: the returned device.
+
     Returns:
         ``(n, d)`` or ``(batch, n, d)`` in ``dtype`` on ``device``.
 
@@ -292,6 +306,8 @@ def initial_condition(
         >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
         >>> tuple(x0.shape), x0.dtype
         ((8, 3), torch.float64)
+        >>> tuple(tf.initial_condition("caps", n=10, d=4, caps_count=3, batch=2).shape)
+        (2, 10, 4)
     """
     if spec.startswith("run:"):
         path, layer = parse_run_spec(spec)

@@ -62,7 +62,17 @@ CHUNK_BYTES = 16 * 2**20
 
 @dataclass(frozen=True)
 class Euler:
-    """Explicit Euler with retraction: one residual layer per step."""
+    """Explicit Euler with retraction: one residual layer per step.
+
+    Takes no arguments; pass it (or ``"euler"``, the default) as
+    :func:`simulate`'s ``solver``.
+
+    Example:
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1, solver=tf.Euler())
+        >>> sim.time.values[-1]
+        np.float64(1.0)
+    """
 
     name: ClassVar[str] = "euler"
     order: ClassVar[int] = 1
@@ -76,7 +86,18 @@ class Euler:
 
 @dataclass(frozen=True)
 class ProjectedEuler(Euler):
-    """Euler step then renormalise (the published phase-diagram script's scheme)."""
+    """Euler step then renormalise (the published phase-diagram script's scheme).
+
+    Takes no arguments; pass it (or ``"projected-euler"``) as :func:`simulate`'s
+    ``solver``.
+
+    Example:
+        >>> from tokenfield.particles import ProjectedEuler
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1, solver=ProjectedEuler())
+        >>> bool(np.allclose(np.linalg.norm(sim.states.values, axis=-1), 1.0))
+        True
+    """
 
     name: ClassVar[str] = "projected-euler"
     order: ClassVar[int] = 1
@@ -84,7 +105,16 @@ class ProjectedEuler(Euler):
 
 @dataclass(frozen=True)
 class RK4:
-    """Classical fourth-order Runge-Kutta in R^d, retracted after each step."""
+    """Classical fourth-order Runge-Kutta in R^d, retracted after each step.
+
+    Takes no arguments; pass it (or ``"rk4"``) as :func:`simulate`'s ``solver``.
+
+    Example:
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1, solver=tf.RK4())
+        >>> sim.time.values[-1]
+        np.float64(1.0)
+    """
 
     name: ClassVar[str] = "rk4"
     order: ClassVar[int] = 4
@@ -121,6 +151,17 @@ class Adaptive:
     A step is accepted when ``max over systems of RMS(err / (atol + rtol |x|)) <= 1``;
     the next step is ``h * clip(0.9 err^(-1/5), 0.2, 5)``. ``simulate``'s ``dt``
     is the first step tried.
+
+    Args:
+        rtol: relative tolerance of the local error.
+        atol: absolute tolerance of the local error.
+        max_steps: raise :class:`UserError` after this many attempted steps.
+
+    Example:
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1, solver=tf.Adaptive(rtol=1e-8))
+        >>> sim.time.values[-1]
+        np.float64(1.0)
     """
 
     rtol: float = 1e-6
@@ -181,7 +222,22 @@ def get_solver(solver: str | Solver) -> Solver:
 @dataclass(frozen=True)
 class SaveAt:
     """What :func:`simulate` keeps: ``every`` k-th step (with the first and last
-    state), or the states at the given ``times`` (each within ``[t0, t_max]``)."""
+    state), or the states at the given ``times`` (each within ``[t0, t_max]``).
+
+    Args:
+        every: keep every k-th step (k >= 1); the default when neither is given is 1.
+        times: keep the states at these times instead (not with ``every``).
+
+    Raises:
+        UserError: both ``every`` and ``times`` given, or a time outside the span.
+
+    Example:
+        >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1,
+        ...                   saveat=tf.SaveAt(every=5))
+        >>> sim.time.values
+        array([0. , 0.5, 1. ])
+    """
 
     every: int | None = None
     times: tuple[float, ...] | None = None

@@ -53,6 +53,12 @@ def analyze_run(
 
     Returns:
         The metrics written to ``metrics.json``.
+
+    Example:
+        >>> metrics = tf.analyze_run("runs/spectrum", baseline="runs/spectrum-random")  # doctest: +SKIP
+        >>> depth = metrics["depth_ordering"]                                          # doctest: +SKIP
+        >>> depth["overall_spearman"]                                                  # doctest: +SKIP
+        0.92...
     """
     path = Path(path)
     ds = open_run(path)

@@ -503,6 +503,11 @@ def attractors(
 
     Returns:
         The path of ``attractors.json``.
+
+    Example:
+        >>> path = tf.attractors("runs/spectrum", baseline="runs/spectrum-random")  # doctest: +SKIP
+        >>> path.name                                                                # doctest: +SKIP
+        'attractors.json'
     """
     from tokenfield._device import parse_device
     from tokenfield._io import write_json_atomic

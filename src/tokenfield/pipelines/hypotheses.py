@@ -69,6 +69,11 @@ class HypothesesSettings:
         random_tokens: random vocabulary tokens for the next-embedding ranks.
         betas: the fixed grid of ``E_beta``.
         seed: every random draw.
+
+    Example:
+        >>> settings = tf.HypothesesSettings(max_prompts=20, bootstrap=200)
+        >>> settings.max_prompts, settings.betas
+        (20, (1.0, 4.0, 16.0))
     """
 
     max_prompts: int | None = None
@@ -268,12 +273,20 @@ def hypotheses(
         run: a traced run (its model and prompts are used; positions do not matter).
         baseline: another run of the same prompts (e.g. ``--random-weights``).
         settings: :class:`HypothesesSettings`.
-        model, baseline_model: already loaded models to use instead of loading the runs'.
+        model: an already loaded model to use instead of loading the run's.
+        baseline_model: likewise for the baseline run.
+        progress: called with a line of text as each measurement starts.
 
     Returns:
         The ``hypotheses.json`` content: ``order``, ``convex_fit``,
         ``next_embedding`` and the others of :func:`measure_model`, plus
         ``baseline`` (the same for the baseline) when given.
+
+    Example:
+        >>> result = tf.hypotheses("runs/categories", baseline="runs/categories-random",
+        ...                        settings=tf.HypothesesSettings(max_prompts=20))  # doctest: +SKIP
+        >>> tf.write_hypotheses(result, "runs/categories")                          # doctest: +SKIP
+        PosixPath('runs/categories/hypotheses.json')
     """
     from tokenfield.models.load import ModelSpec
 
@@ -321,7 +334,20 @@ def check_out(out: str | Path) -> Path:
 
 
 def write_hypotheses(result: dict[str, Any], out: str | Path) -> Path:
-    """Write ``out/hypotheses.json`` atomically (``out`` is created if missing)."""
+    """Write ``out/hypotheses.json`` atomically (``out`` is created if missing).
+
+    Args:
+        result: what :func:`hypotheses` returned.
+        out: the directory to write into.
+
+    Returns:
+        The path of ``hypotheses.json``.
+
+    Example:
+        >>> result = tf.hypotheses("runs/categories")          # doctest: +SKIP
+        >>> tf.write_hypotheses(result, "runs/categories")     # doctest: +SKIP
+        PosixPath('runs/categories/hypotheses.json')
+    """
     out = check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / HYPOTHESES_JSON

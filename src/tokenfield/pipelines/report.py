@@ -78,6 +78,11 @@ def write_report(
 
     Returns:
         The path written.
+
+    Example:
+        >>> tf.write_report(["runs/categories", "runs/categories-random"],
+        ...                 "runs/report.html")                 # doctest: +SKIP
+        PosixPath('runs/report.html')
     """
     if isinstance(run_paths, (str, Path)):
         run_paths = [run_paths]
@@ -121,8 +126,18 @@ def write_report(
 def read_metrics(path: str | Path) -> Metrics:
     """A run's ``metrics.json``, read back and checked (:meth:`Metrics.from_dict`).
 
+    Args:
+        path: a run directory or its ``metrics.json``.
+
+    Returns:
+        The :class:`~tokenfield.analysis.metrics.Metrics`.
+
     Raises:
         UserError: the file is not JSON, or a value has the wrong type.
+
+    Example:
+        >>> from tokenfield.pipelines.report import read_metrics
+        >>> read_metrics("runs/spectrum").depth_ordering       # doctest: +SKIP
     """
     file = Path(path)
     if file.is_dir():
@@ -214,7 +229,19 @@ def _read_section(section: Path, reported: set[Path]) -> Section:
 
 
 def is_report(path: str | Path) -> bool:
-    """Whether ``path`` is a report written by tokenfield (it carries the marker)."""
+    """Whether ``path`` is a report written by tokenfield (it carries the marker).
+
+    Args:
+        path: a file.
+
+    Returns:
+        True for a tokenfield report; False for any other file or none.
+
+    Example:
+        >>> from tokenfield.pipelines.report import is_report
+        >>> is_report("no-such-report.html")
+        False
+    """
     try:
         with open(path, "rb") as handle:
             head = handle.read(4096)
@@ -226,7 +253,19 @@ def is_report(path: str | Path) -> bool:
 
 
 def parse_overlay(spec: str | Path | tuple[str | Path, str]) -> tuple[Path, str]:
-    """``RUN`` or ``RUN:LABEL`` (a path that exists is taken whole) -> (path, label)."""
+    """``RUN`` or ``RUN:LABEL`` (a path that exists is taken whole) -> (path, label).
+
+    Args:
+        spec: ``"RUN"``, ``"RUN:LABEL"`` or a ``(path, label)`` pair.
+
+    Returns:
+        ``(path, label)``.
+
+    Example:
+        >>> from tokenfield.pipelines.report import parse_overlay
+        >>> parse_overlay("runs/spectrum-steered:steered")
+        (PosixPath('runs/spectrum-steered'), 'steered')
+    """
     if isinstance(spec, tuple):
         path, label = Path(spec[0]), str(spec[1])
         return path, label or path.name
@@ -238,7 +277,19 @@ def parse_overlay(spec: str | Path | tuple[str | Path, str]) -> tuple[Path, str]
 
 
 def unanalysed_runs(run_paths: Sequence[str | Path]) -> list[Path]:
-    """The runs without ``metrics.json``: the report analyses them in memory."""
+    """The runs without ``metrics.json``: the report analyses them in memory.
+
+    Args:
+        run_paths: run directories.
+
+    Returns:
+        Those of them without ``metrics.json``.
+
+    Example:
+        >>> from tokenfield.pipelines.report import unanalysed_runs
+        >>> unanalysed_runs(["runs/categories", "runs/spectrum"])   # doctest: +SKIP
+        [PosixPath('runs/spectrum')]
+    """
     return [Path(p) for p in run_paths if not (Path(p) / METRICS_JSON).is_file()]
 
 

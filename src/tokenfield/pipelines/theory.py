@@ -328,6 +328,19 @@ def theory_lens(
         baseline_model: the loaded model that made the baseline run, likewise.
         progress: called as ``progress(label, total)`` before each of the ``total``
             measurements (for a progress bar).
+
+    Returns:
+        A :class:`~tokenfield.analysis.theory.TheoryLens` (sections a run
+        cannot give are ``None``, with the reason in ``notes``).
+
+    Raises:
+        UserError: ``run`` is not a trace run.
+
+    Example:
+        >>> lens = tf.theory_lens("runs/spectrum", baseline="runs/spectrum-random",
+        ...                       simulate=True)                # doctest: +SKIP
+        >>> tf.write_theory("runs/spectrum", lens)              # doctest: +SKIP
+        PosixPath('runs/spectrum/theory.json')
     """
     info_run = read_run_info(run)
     if info_run.kind != "trace":
@@ -443,7 +456,21 @@ def _stepper(
 def write_theory(run: str | Path, result: TheoryLens, *, figures: bool = True) -> Path:
     """Write ``RUN/theory.json``, the report fragment ``RUN/theory.html``
     (``tokenfield report --section RUN/theory.html``) and, with ``figures``,
-    ``RUN/figures/theory_*.png``. Returns the JSON path."""
+    ``RUN/figures/theory_*.png``.
+
+    Args:
+        run: the run directory measured.
+        result: what :func:`theory_lens` returned for it.
+        figures: also draw the PNG figures.
+
+    Returns:
+        The path of ``theory.json``.
+
+    Example:
+        >>> lens = tf.theory_lens("runs/spectrum")             # doctest: +SKIP
+        >>> tf.write_theory("runs/spectrum", lens, figures=False)  # doctest: +SKIP
+        PosixPath('runs/spectrum/theory.json')
+    """
     run = Path(run)
     target = run / THEORY_JSON
     data = to_jsonable(result.to_dict())

@@ -146,6 +146,13 @@ def trace(
         With ``logit_lens``: ``lens_top``/``lens_prob`` (time, particle,
         lens_k), ``lens_rank`` (time, particle; 1 = the final prediction is the
         top token, -1 = not a last token) and ``lens_target`` (particle).
+
+    Example:
+        >>> ds = tf.trace("smollm2", "seed-categories", out="runs/categories")  # doctest: +SKIP
+        >>> dict(ds.states.sizes)                                               # doctest: +SKIP
+        {'time': 31, 'particle': 25, 'feature': 576}
+        >>> ds = tf.trace("gemma3-270m", "seed-spectrum", positions="all",
+        ...               attention=True)                                       # doctest: +SKIP
     """
     config = TraceConfig(
         prompts,

@@ -51,7 +51,18 @@ __all__ = ["BUNDLED_SETS", "Prompt", "load_prompts", "as_prompts"]
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: its text, category ("" when none) and label ("" when none)."""
+    """One prompt: its text, category ("" when none) and label ("" when none).
+
+    Args:
+        text: the prompt's text.
+        category: its category (prompts are grouped and coloured by it).
+        label: its label within the category.
+
+    Example:
+        >>> p = tf.Prompt("The capital of France is", category="geography")
+        >>> p.text, p.category, p.label
+        ('The capital of France is', 'geography', '')
+    """
 
     text: str
     category: str = ""
@@ -64,7 +75,20 @@ class Prompt:
 
 
 def as_prompts(prompts: Iterable[Prompt | str | dict[str, Any]]) -> list[Prompt]:
-    """Coerce strings / mappings / prompts to a list of :class:`Prompt`."""
+    """Coerce strings / mappings / prompts to a list of :class:`Prompt`.
+
+    Args:
+        prompts: strings (text only), mappings with ``text`` and optionally
+            ``category`` and ``label``, or :class:`Prompt` objects.
+
+    Returns:
+        The prompts, in order.
+
+    Example:
+        >>> from tokenfield.prompts import as_prompts
+        >>> as_prompts(["2 + 2 =", {"text": "def f(x):", "category": "Code"}])
+        [Prompt(text='2 + 2 =', category='', label=''), Prompt(text='def f(x):', category='Code', label='')]
+    """
     out: list[Prompt] = []
     for item in prompts:
         if isinstance(item, Prompt):
@@ -83,6 +107,13 @@ def as_prompts(prompts: Iterable[Prompt | str | dict[str, Any]]) -> list[Prompt]
 
 def load_prompts(source: str | Path | Sequence[Prompt | str]) -> list[Prompt]:
     """Load prompts from a bundled set name, a file, or a list.
+
+    Args:
+        source: a bundled set name (``"seed-categories"``, ``"seed-spectrum"``),
+            a prompt file, or a list of strings / :class:`Prompt`.
+
+    Returns:
+        The prompts, in order.
 
     Raises:
         UserError: unknown set, missing/unreadable/empty file, bad format.

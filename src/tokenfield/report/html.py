@@ -103,6 +103,15 @@ class RunPage:
         simulation: a simulated run's energy and cluster count against time
             (:func:`~tokenfield.analysis.simulation.analyze_simulation`), or None.
         overlays: other runs drawn in this run's trajectories.
+
+    Example:
+        >>> from pathlib import Path
+        >>> from tokenfield.pipelines.report import read_metrics
+        >>> from tokenfield.report import RunPage, render_page
+        >>> page = RunPage(Path("runs/categories"), tf.open_run("runs/categories"),
+        ...                read_metrics("runs/categories"),
+        ...                tf.load_projection("runs/categories"))  # doctest: +SKIP
+        >>> html = render_page([page], title="categories", generated="today")  # doctest: +SKIP
     """
 
     path: Path
@@ -116,7 +125,19 @@ class RunPage:
 
 @dataclass(frozen=True)
 class Section:
-    """An HTML fragment appended to the page, with figures to put at its end."""
+    """An HTML fragment appended to the page, with figures to put at its end.
+
+    Attributes:
+        html: the fragment.
+        images: figure name -> ``(mime type, bytes)``, shown at its end.
+
+    Example:
+        >>> from tokenfield.report import Section, render_page
+        >>> page = render_page([], title="notes", generated="today",
+        ...                    sections=[Section("<h2>Notes</h2>")])
+        >>> "<h2>Notes</h2>" in page
+        True
+    """
 
     html: str
     images: dict[str, Image] = field(default_factory=dict)
@@ -138,6 +159,16 @@ def render_page(
         generated: when it was made (shown under the title).
         sections: fragments appended after the runs.
         plotly_js: plotly.js, inlined once at the end of the page.
+
+    Returns:
+        The HTML document, self-contained.
+
+    Example:
+        >>> from tokenfield.report import Section, render_page
+        >>> page = render_page([], title="notes", generated="today",
+        ...                    sections=[Section("<h2>Notes</h2>")])
+        >>> page.startswith("<!DOCTYPE html>")
+        True
     """
     run_sections = [_run_section(run, i) for i, run in enumerate(runs)]
     nav = "".join(

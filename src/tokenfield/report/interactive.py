@@ -203,6 +203,11 @@ def trajectory_figure(
 
     Returns:
         A ``plotly.graph_objects.Figure`` with frames and a slider.
+
+    Example:
+        >>> from tokenfield.report import trajectory_figure
+        >>> analysis = tf.analyze(tf.open_run("runs/categories"))         # doctest: +SKIP
+        >>> fig = trajectory_figure(analysis.pcs, title="categories")     # doctest: +SKIP
     """
     import plotly.graph_objects as go
 

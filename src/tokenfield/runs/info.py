@@ -155,7 +155,24 @@ def is_run(path: str | Path) -> bool:
 
 
 def read_run_info(path: str | Path) -> RunInfo:
-    """Read ``run.json``; raise :class:`UserError` when ``path`` is not a run."""
+    """Read a run's ``run.json``.
+
+    Args:
+        path: the run directory.
+
+    Returns:
+        The run's kind, config, status (``"partial"`` or ``"complete"``),
+        progress and the tokenfield version that wrote it.
+
+    Raises:
+        UserError: ``path`` is not a run (naming the runs inside it, if any),
+            or its ``run.json`` is unreadable.
+
+    Example:
+        >>> info = tf.read_run_info("runs/spectrum")     # doctest: +SKIP
+        >>> info.kind, info.status                       # doctest: +SKIP
+        ('trace', 'complete')
+    """
     path = Path(path)
     meta = path / RUN_JSON
     if not meta.is_file():

@@ -24,6 +24,18 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     refused unless ``allow_partial`` (its rows past the recorded progress, if
     any, are not trustworthy).
 
+    Args:
+        path: the run directory (written by :func:`tokenfield.trace` or
+            :func:`tokenfield.simulate`).
+        allow_partial: open a run that did not finish.
+
+    Returns:
+        The run's Dataset (``states`` and its coordinates), read lazily.
+
+    Raises:
+        UserError: ``path`` is not a run, or the run is partial and
+            ``allow_partial`` is false.
+
     Example:
         >>> ds = tf.open_run("runs/spectrum")             # doctest: +SKIP
         >>> ds.states.dims                                # doctest: +SKIP

@@ -127,6 +127,16 @@ class RunWriter:
 
     After construction, :attr:`done` says how many units of work (prompts,
     saved steps, ...) are already stored, so the caller skips them.
+
+    Raises:
+        UserError: ``path`` holds another run (and not ``overwrite``), a
+            directory that is not a run, or is locked by another writer.
+
+    Example:
+        >>> writer = tf.RunWriter("runs/mine", "simulation", {"seed": 0},
+        ...                       append_dim="time")          # doctest: +SKIP
+        >>> writer.append(piece, done=1)                      # doctest: +SKIP
+        >>> writer.finish()                                   # doctest: +SKIP
     """
 
     def __init__(

@@ -48,9 +48,20 @@ def steering(
             :meth:`SteeringVector.check_model`); random controls pass ``check=False``
             only when their provenance is shared.
 
+    Yields:
+        Nothing; the model is steered until the block ends (also on error).
+
+    Raises:
+        UserError: unknown ``positions``, or (with ``check``) a vector made for
+            another model.
+
     Example:
-        >>> with steering(model, vec, alpha=2.0):
-        ...     ds = tokenfield.trace(model, prompts)
+        >>> from tokenfield.steering import steering, steering_vector
+        >>> model = tf.load_model("smollm2")                              # doctest: +SKIP
+        >>> vec = steering_vector(tf.open_run("runs/spectrum"), source="Word Problems",
+        ...                       target="Pure Math", layer=12)           # doctest: +SKIP
+        >>> with steering(model, vec, alpha=2.0):                         # doctest: +SKIP
+        ...     ds = tf.trace(model, "seed-spectrum")
     """
     if positions not in ("last", "all"):
         raise UserError(f"unknown steering positions '{positions}'", "use 'last' or 'all'")

@@ -40,6 +40,15 @@ class SteeringVector:
         layer: the ``time`` index at which it is added.
         provenance: JSON data: the run, the model (name, source_hash, d_model),
             the categories, the method, how many prompts each side had.
+
+    Raises:
+        UserError: ``vector`` is not a finite 1-D array.
+
+    Example:
+        >>> from tokenfield.steering import SteeringVector
+        >>> vec = SteeringVector(np.array([3.0, 4.0]), layer=12, provenance={"method": "mean"})
+        >>> vec.d, vec.norm, vec.vector.dtype
+        (2, 5.0, dtype('float32'))
     """
 
     vector: np.ndarray
@@ -151,6 +160,22 @@ def steering_vector(
         layer: ``time`` index (0 = embedding output, i = output of block i-1).
         method: ``"mean"`` or ``"pca"`` (see the module docstring).
         run: the run's path, recorded in the provenance.
+
+    Returns:
+        A :class:`SteeringVector` at ``layer`` (``"mean"``: the difference of
+        the two categories' mean last-token states), with its provenance.
+
+    Raises:
+        UserError: an unknown method or category, a layer out of range, or
+            ``source == target``.
+
+    Example:
+        >>> from tokenfield.steering import steering_vector
+        >>> ds = tf.open_run("runs/spectrum")                        # doctest: +SKIP
+        >>> vec = steering_vector(ds, source="Word Problems", target="Pure Math",
+        ...                       layer=12, run="runs/spectrum")     # doctest: +SKIP
+        >>> vec.layer, vec.provenance["method"]                     # doctest: +SKIP
+        (12, 'mean')
     """
     if method not in METHODS:
         raise UserError(f"unknown method '{method}'", f"use one of: {', '.join(METHODS)}")
@@ -182,7 +207,22 @@ def steering_vector(
 
 
 def random_control(vector: SteeringVector, seed: int = 0) -> SteeringVector:
-    """A random direction with the same norm and layer: the control condition."""
+    """A random direction with the same norm and layer: the control condition.
+
+    Args:
+        vector: the steering vector to match.
+        seed: seeds the direction.
+
+    Returns:
+        A :class:`SteeringVector` of the same norm and layer, its provenance
+        marked ``"random-control"`` with the seed.
+
+    Example:
+        >>> from tokenfield.steering import SteeringVector, random_control
+        >>> control = random_control(SteeringVector(np.array([3.0, 4.0]), layer=12), seed=1)
+        >>> round(control.norm, 4), control.layer, control.provenance["method"]
+        (5.0, 12, 'random-control')
+    """
     rng = np.random.default_rng(seed)
     direction = rng.standard_normal(vector.d)
     direction *= vector.norm / np.linalg.norm(direction)

@@ -44,7 +44,19 @@ def figure_for_axes(axes: Any, figsize: tuple[float, float], ncols: int = 1, nro
 
 
 def category_colors(categories: Sequence[str]) -> dict[str, Any]:
-    """One colour per category (tab10, then tab20), stable for a sorted set."""
+    """One colour per category (tab10, then tab20), stable for a sorted set.
+
+    Args:
+        categories: category names (repeats allowed).
+
+    Returns:
+        Category -> RGBA colour, the categories sorted.
+
+    Example:
+        >>> from tokenfield.viz import category_colors
+        >>> sorted(category_colors(["Math", "Code", "Math"]))
+        ['Code', 'Math']
+    """
     from matplotlib import colormaps
 
     names = sorted(set(categories))
@@ -79,7 +91,22 @@ def time_label(kind: str) -> str:
 
 
 def save_figure(fig: Any, out_dir: str | Path, name: str, formats: Sequence[str] = FORMATS):
-    """Save ``fig`` as ``out_dir/name.<fmt>`` for each format; returns the paths."""
+    """Save ``fig`` as ``out_dir/name.<fmt>`` for each format; returns the paths.
+
+    Args:
+        fig: a matplotlib figure.
+        out_dir: the directory (created if missing).
+        name: the file name without its extension.
+        formats: the extensions to write.
+
+    Returns:
+        paths (list[Path]): the paths written.
+
+    Example:
+        >>> from tokenfield.viz import plot_trajectories, save_figure
+        >>> fig = plot_trajectories(tf.analyze(tf.open_run("runs/categories")).pcs)  # doctest: +SKIP
+        >>> save_figure(fig, "runs/categories/figures", "trajectories")            # doctest: +SKIP
+    """
     from tokenfield._io import atomic_path
     from tokenfield.errors import UserError
 

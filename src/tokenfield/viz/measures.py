@@ -43,6 +43,14 @@ def plot_speed(
         kin: from :func:`tokenfield.analysis.kinematics`.
         axes: one axes per quantity (a new figure when None).
         quantities: which of the kinematic quantities to draw.
+        time_name: ``"layer"`` for a trace, ``"time"`` for a simulation.
+
+    Returns:
+        The figure.
+
+    Example:
+        >>> from tokenfield.viz import plot_speed
+        >>> fig = plot_speed(tf.kinematics(tf.open_run("runs/spectrum")))  # doctest: +SKIP
     """
     fig, axes = figure_for_axes(axes, (4.8 * len(quantities), 3.8), ncols=len(quantities))
     colours, legend = particle_colors(kin)
@@ -74,7 +82,22 @@ def plot_separation(
     time_name: str = "layer",
 ) -> Any:
     """Silhouette and between/within distance ratio against depth, each with the
-    shuffled-label null band (its quantiles) and, if given, a baseline run's."""
+    shuffled-label null band (its quantiles) and, if given, a baseline run's.
+
+    Args:
+        sep: from :func:`tokenfield.separation`.
+        axes: two axes (a new figure when None).
+        baseline: the baseline run's separation, drawn beside it.
+        time_name: ``"layer"`` for a trace, ``"time"`` for a simulation.
+
+    Returns:
+        The figure.
+
+    Example:
+        >>> from tokenfield.viz import plot_separation
+        >>> sep = tf.separation(tf.open_run("runs/categories"))            # doctest: +SKIP
+        >>> base = tf.separation(tf.open_run("runs/categories-random"))    # doctest: +SKIP
+        >>> fig = plot_separation(sep, baseline=base)                      # doctest: +SKIP"""
     fig, axes = figure_for_axes(axes, (10.0, 3.8), ncols=2)
     quantiles = sep.attrs.get("null_quantiles", [0.025, 0.975])
     band = f"shuffled-label null, {quantiles[0]:.1%}-{quantiles[1]:.1%}"
@@ -126,7 +149,25 @@ def plot_centroid_heatmap(
     annotate: bool = True,
     colorbar: bool = True,
 ) -> Any:
-    """Cosine distances between category centroids at one time step, as a heatmap."""
+    """Cosine distances between category centroids at one time step, as a heatmap.
+
+    Args:
+        centroids: (time, category, other) from :func:`tokenfield.centroid_distances`.
+        layer: the time step to show.
+        ax: axes to draw on (a new figure when None).
+        vmax: the top of the colour scale (default: the largest distance shown).
+        time_name: ``"layer"`` for a trace, ``"time"`` for a simulation.
+        annotate: write each distance in its cell.
+        colorbar: draw the colour bar.
+
+    Returns:
+        The figure.
+
+    Example:
+        >>> from tokenfield.viz import plot_centroid_heatmap
+        >>> dist = tf.centroid_distances(tf.open_run("runs/categories"))  # doctest: +SKIP
+        >>> fig = plot_centroid_heatmap(dist, layer=12)                   # doctest: +SKIP
+    """
     fig, ax = figure_for(ax, (4.5, 4.0))
     matrix = np.asarray(centroids.sel(time=layer).values)
     names = [str(c) for c in centroids["category"].values]
@@ -161,7 +202,21 @@ def plot_centroid_heatmap(
 def plot_centroid_heatmaps(
     centroids: xr.DataArray, layers: Sequence[Any], *, time_name: str = "layer"
 ) -> Any:
-    """One centroid-distance heatmap per chosen time step, on a shared colour scale."""
+    """One centroid-distance heatmap per chosen time step, on a shared colour scale.
+
+    Args:
+        centroids: (time, category, other) from :func:`tokenfield.centroid_distances`.
+        layers: the time steps to show.
+        time_name: ``"layer"`` for a trace, ``"time"`` for a simulation.
+
+    Returns:
+        The figure.
+
+    Example:
+        >>> from tokenfield.viz import plot_centroid_heatmaps
+        >>> dist = tf.centroid_distances(tf.open_run("runs/categories"))  # doctest: +SKIP
+        >>> fig = plot_centroid_heatmaps(dist, [0, 12, 24])               # doctest: +SKIP
+    """
     layers = list(layers)
     fig, axes = new_figure((4.2 * len(layers), 4.0), ncols=len(layers))
     axes = np.atleast_1d(axes)

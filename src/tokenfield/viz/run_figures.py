@@ -27,8 +27,18 @@ def write_figures(result: Any, out_dir: str | Path, *, animation: bool = True) -
     ``trajectories_baseline`` for a baseline; and the animated
     ``thought_evolution.gif``.
 
+    Args:
+        result: a :class:`~tokenfield.analysis.RunAnalysis` from :func:`tokenfield.analyze`.
+        out_dir: the directory to write into.
+        animation: also write ``thought_evolution.gif``.
+
     Returns:
         The paths written.
+
+    Example:
+        >>> from tokenfield.viz import write_figures
+        >>> result = tf.analyze(tf.open_run("runs/categories"))         # doctest: +SKIP
+        >>> write_figures(result, "runs/categories/figures", animation=False)  # doctest: +SKIP
     """
     out_dir = Path(out_dir)
     when = time_label(result.info.get("kind", "trace"))

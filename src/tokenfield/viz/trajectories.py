@@ -59,6 +59,11 @@ def plot_trajectories(
 
     Returns:
         The figure.
+
+    Example:
+        >>> from tokenfield.viz import plot_trajectories
+        >>> result = tf.analyze(tf.open_run("runs/categories"))             # doctest: +SKIP
+        >>> fig = plot_trajectories(result.pcs, explained=result.frame.explained_variance_ratio)  # doctest: +SKIP
     """
     fig, ax = figure_for(ax, (8.0, 6.0))
     plane = _plane(pcs)
@@ -109,7 +114,21 @@ def plot_pcs_vs_time(
     time_name: str = "layer",
     components: Sequence[int] = (1, 2),
 ) -> Any:
-    """PC1 and PC2 (one panel each) against the time coordinate, per particle."""
+    """PC1 and PC2 (one panel each) against the time coordinate, per particle.
+
+    Args:
+        pcs: (time, particle, component) from :func:`tokenfield.project`.
+        axes: one axes per component (a new figure when None).
+        time_name: ``"layer"`` for a trace, ``"time"`` for a simulation.
+        components: the components to draw (1-based).
+
+    Returns:
+        The figure.
+
+    Example:
+        >>> from tokenfield.viz import plot_pcs_vs_time
+        >>> fig = plot_pcs_vs_time(tf.analyze(tf.open_run("runs/spectrum")).pcs)  # doctest: +SKIP
+    """
     fig, axes = figure_for_axes(axes, (6.0 * len(components), 4.0), ncols=len(components))
     colours, legend = particle_colors(pcs)
     times = np.asarray(pcs["time"].values, dtype=np.float64)
@@ -138,7 +157,22 @@ def plot_per_layer_snapshots(
     explained: np.ndarray | None = None,
     time_name: str = "layer",
 ) -> Any:
-    """The particles at a few time steps, each in its own per-layer PCA plane."""
+    """The particles at a few time steps, each in its own per-layer PCA plane.
+
+    Args:
+        pcs: (time, particle, component) in a per-layer frame.
+        layers: the time steps to show.
+        explained: ``(time, component)`` explained variance ratios, for the titles.
+        time_name: ``"layer"`` for a trace, ``"time"`` for a simulation.
+
+    Returns:
+        The figure.
+
+    Example:
+        >>> from tokenfield.viz import plot_per_layer_snapshots
+        >>> result = tf.analyze(tf.open_run("runs/spectrum"), per_layer=True)   # doctest: +SKIP
+        >>> fig = plot_per_layer_snapshots(result.per_layer_pcs, [0, 12, 24])   # doctest: +SKIP
+    """
     fig, axes = new_figure((3.6 * len(layers), 3.4), ncols=len(layers))
     axes = np.atleast_1d(axes)
     colours, legend = particle_colors(pcs)
@@ -178,6 +212,16 @@ def animate_trajectories(
         explained: explained variance ratios, for the axis titles.
         fps: frames per second.
         max_frames: long runs are subsampled to at most this many frames.
+        time_name: ``"layer"`` for a trace, ``"time"`` for a simulation.
+
+    Returns:
+        ``path``.
+
+    Example:
+        >>> from tokenfield.viz import animate_trajectories
+        >>> analysis = tf.analyze(tf.open_run("runs/categories"))         # doctest: +SKIP
+        >>> animate_trajectories(analysis.pcs, "runs/categories/thought.gif")  # doctest: +SKIP
+        PosixPath('runs/categories/thought.gif')
     """
     from matplotlib.animation import PillowWriter
 
