@@ -33,5 +33,5 @@ def test_a_module_on_no_floor_stops_the_build_with_its_name() -> None:
     assert docs_api.floor_of("tokenfield.pipelines.steer") == "steering"
     assert docs_api.floor_of("tokenfield.models.trace") == "trace"
     assert docs_api.floor_of("tokenfield.pipelines.trace") == "trace"
-    with pytest.raises(ValueError, match="'tokenfield.pipelines.attractors' is on no floor"):
-        docs_api.floor_of("tokenfield.pipelines.attractors")
+    with pytest.raises(ValueError, match="'tokenfield.pipelines.unplaced' is on no floor"):
+        docs_api.floor_of("tokenfield.pipelines.unplaced")

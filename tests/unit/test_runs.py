@@ -371,7 +371,7 @@ def test_a_flush_retried_after_an_interrupted_record_writes_at_the_recorded_size
     writer.append(buffered_piece(0, 3), done=1)
     writer.flush()
     writer.append(buffered_piece(3, 2), done=2)
-    real, calls = runs.write_json_atomic, {"n": 0}
+    real, calls = runs.writer.write_json_atomic, {"n": 0}
 
     def once(path, obj):
         calls["n"] += 1
