@@ -35,7 +35,8 @@ from tokenfield.errors import UserError
         "Examples: tokenfield theory conformance --quick --out conf/;  "
         "tokenfield theory conformance --only circle-synchronisation --out conf/\n\n"
         "Items, in order: equiangular, phase-diagram, circle-synchronisation, "
-        "linear-stability, metastable-staircase, mean-field-pde. See docs/conformance.md."
+        "linear-stability, metastable-staircase, mean-field-pde, causal-renyi-centres, "
+        "periodic-clusters. See docs/conformance.md."
     ),
 )
 def conformance_command(

@@ -112,3 +112,35 @@ def circle_angles(
     if not solution.success:
         raise RuntimeError(f"the reference integration failed: {solution.message}")
     return solution.y.T
+
+
+# -- Bruno, Pasqualotto & Agazzi 2024 -------------------------------------------------
+#: Bruno, Pasqualotto & Agazzi, *Emergence of meta-stable clustering in mean-field
+#: transformer models* (ICLR 2025, arXiv 2410.23228), Figure 4: the mean-field equation
+#: on the circle from the uniform measure perturbed by white noise of size
+#: ``sigma = 0.01`` at ``beta = 5`` develops a 3-periodic solution (three clusters), the
+#: periodicity their Theorem 4.3 predicts from the most unstable Fourier mode.
+BPA_FIGURE4 = {"beta": 5.0, "noise": 0.01, "clusters": 3}
+
+
+def circle_usa_growth_rates(modes: np.ndarray, beta: float) -> np.ndarray:
+    """Linear growth rates of the Fourier modes ``k`` of the uniform density on the circle
+    under the USA mean-field equation ``d_t rho + d_theta(rho v) = 0``,
+    ``v(theta) = int e^{beta cos(phi - theta)} sin(phi - theta) rho(phi) dphi`` (paper time).
+
+    For ``rho = 1/(2 pi) + eps e^{i k theta}``: ``v = eps e^{i k theta} i int e^{beta cos psi}
+    sin psi sin(k psi) dpsi = eps e^{i k theta} i 2 pi k I_k(beta) / beta`` (the Bessel
+    recurrence ``I_{k-1} - I_{k+1} = 2 k I_k / beta``), so the coefficient grows at
+    ``lambda_k = k^2 I_k(beta) / beta``. Written with SciPy's ``iv`` (no tokenfield code).
+    """
+    from scipy.special import iv
+
+    k = np.asarray(modes, dtype=np.float64)
+    return k**2 * iv(k, beta) / beta
+
+
+def circle_most_unstable_mode(beta: float, max_mode: int = 200) -> int:
+    """``argmax_{k >= 1} lambda_k`` of :func:`circle_usa_growth_rates` (the periodicity of
+    Bruno-Pasqualotto-Agazzi's Theorem 4.3 on the circle; SA has the same maximiser)."""
+    k = np.arange(1, max_mode + 1)
+    return int(k[np.argmax(circle_usa_growth_rates(k, beta))])

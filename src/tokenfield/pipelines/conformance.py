@@ -49,6 +49,8 @@ from tokenfield.meanfield.stability import (
 )
 from tokenfield.particles import Adaptive, Dynamics, SaveAt, simulate
 from tokenfield.particles.init import orthogonal, uniform
+from tokenfield.pipelines.conformance_causal import renyi_centres_item
+from tokenfield.pipelines.conformance_periodic import periodic_clusters_item
 from tokenfield.viz.conformance import (
     conformance_html,
     figure_png,
@@ -517,6 +519,8 @@ ITEMS: dict[str, Callable[[bool], ItemResult]] = {
     "linear-stability": linear_stability_item,
     "metastable-staircase": staircase_item,
     "mean-field-pde": pde_item,
+    "causal-renyi-centres": renyi_centres_item,
+    "periodic-clusters": periodic_clusters_item,
 }
 
 
