@@ -54,3 +54,37 @@ def test_a_doubled_field_fails_the_staircase_dynamics_check(doubled_field):
     # every plateau is reached in about half the time: |log t - log t_ref| ~ log 2
     assert run["time_error"] > STAIRCASE_TIME_TOL
     assert run["energy_gap"] > STAIRCASE_ENERGY_TOL
+
+
+# --- the two items from the 2024 literature ------------------------------------------
+
+
+def test_a_halved_kernel_fails_the_periodic_clusters_item(monkeypatch):
+    """The PDE's kernel e^{beta cos} computed at beta / 2 (the E_beta convention slip):
+    the fastest mode at beta = 5 becomes k_max(2.5) = 2, two clusters, not the published 3."""
+    import tokenfield.meanfield.pde as pde
+    from tokenfield.pipelines.conformance_periodic import periodic_clusters_item
+
+    original = pde.ive
+    monkeypatch.setattr(pde, "ive", lambda order, beta: original(order, beta / 2))
+    result = periodic_clusters_item(betas=(5.0,), seeds=4)  # unpatched: PASS (slow suite)
+    assert result.status == "FAIL"
+    assert result.details["rows"][0]["dominant_mode"] != 3
+
+
+def test_a_dropped_causal_mask_fails_the_renyi_centres_item(monkeypatch):
+    """Full attention instead of causal: the strong Renyi centres (early tokens with no
+    earlier token nearby) are pulled by later tokens and move far more than delta / 10."""
+    import tokenfield.particles.dynamics as dynamics
+    from tokenfield.pipelines.conformance_causal import renyi_centres_item
+
+    original = dynamics.attention
+
+    def unmasked(*args, **kwargs):
+        kwargs["causal"] = False
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dynamics, "attention", unmasked)
+    result = renyi_centres_item(quick=True)
+    assert result.status == "FAIL"
+    assert result.details["runs"][0]["max_strong_displacement"] > 0.05

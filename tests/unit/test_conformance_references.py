@@ -95,3 +95,31 @@ def test_the_pde_item_fails_when_the_interval_straddles_the_tolerance(monkeypatc
     assert conformance.pde_item(quick=True).status == "FAIL"
     rates = iter([(-1.0, -1.01, -0.99), (-0.45, -0.55, -0.35)])
     assert conformance.pde_item(quick=True).status == "PASS"
+
+
+@pytest.mark.parametrize("beta", [1.0, 2.0, 5.0, 8.0, 25.0])
+def test_the_bpa_reference_rates_equal_tokenfields_closed_form(beta):
+    """The periodic-clusters item's reference (SciPy, from the paper's linearisation)
+    and tokenfield's stability module agree on every rate and on k_max."""
+    from tokenfield.meanfield.stability import growth_rates, stability_spectrum
+
+    modes = np.arange(1, 40)
+    ours = growth_rates(modes, beta, normalization="usa")
+    np.testing.assert_allclose(references.circle_usa_growth_rates(modes, beta), ours, rtol=1e-12)
+    assert references.circle_most_unstable_mode(beta) == stability_spectrum(beta).k_max
+    assert references.circle_most_unstable_mode(references.BPA_FIGURE4["beta"]) == 3
+
+
+def test_dominant_mode_and_peaks_of_a_known_density():
+    from tokenfield.pipelines.conformance_periodic import density_peaks, dominant_mode
+
+    cells = 256
+    theta = (np.arange(cells) + 0.5) * 2 * np.pi / cells
+    small = 1 + 0.01 * np.cos(3 * theta) + 0.02 * np.cos(5 * theta)  # below the linear end
+    grown = 1 + 0.05 * np.cos(3 * theta) + 0.3 * np.cos(5 * theta)  # |rho_5| / rho_0 = 0.15
+    later = np.exp(4 * np.cos(3 * theta))  # three sharp bumps
+    frames = np.stack([small, grown, later]) / (2 * np.pi)
+    assert dominant_mode(frames) == (5, 1)
+    assert dominant_mode(frames[:1]) == (0, -1)  # never leaves the linear phase
+    assert density_peaks(later / later.mean() / (2 * np.pi)) == 3
+    assert density_peaks(small / (2 * np.pi)) == 0  # ripples on the uniform: no cluster

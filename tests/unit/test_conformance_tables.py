@@ -43,4 +43,4 @@ def test_a_changed_measurement_in_the_data_is_caught(tmp_path, capsys):
     result["items"][0]["status"] = "FAIL"
     path.write_text(json.dumps(result))
     assert script.main(["--check", "--data", str(data)]) == 1
-    assert "5 of 6 items PASS" in capsys.readouterr().err
+    assert "7 of 8 items PASS" in capsys.readouterr().err

@@ -26,6 +26,7 @@ def analysed_run(tmp_path) -> tuple[Path, set[str]]:
     from tokenfield.analysis.theory import TheoryLens
     from tokenfield.pipelines.analyze import analyze_run
     from tokenfield.pipelines.flow import write_flow
+    from tokenfield.pipelines.hypotheses import write_hypotheses
     from tokenfield.pipelines.theory import write_theory
 
     states, labels = clustered(n_per_category=3, n_time=4, n_feature=8)
@@ -40,7 +41,22 @@ def analysed_run(tmp_path) -> tuple[Path, set[str]]:
                          mean_cosine=grid, gram_rank=grid + 1, distance=grid, eps=0.1,
                          model="synthetic", tokens=3.0)  # fmt: skip
     write_flow(run, flow)
+    write_hypotheses(_HYPOTHESES, run)
     return run, _files(run) - before
+
+
+_ORDER = {"slope": 0.1, "slope_ci": [0.05, 0.2], "r2": 0.95, "monotone_fraction": 1.0,
+          "verdict": "supported"}  # fmt: skip
+_HYPOTHESES = {
+    "rule": "R^2 >= 0.9",
+    "order": {"energy_beta_4": _ORDER},
+    "convex_fit": {
+        "targets": {
+            "next_embedding": [{"share_passing": 0.5, "median_gap": 0.1, "median_gap_uniform": 0.3}]
+        }
+    },
+    "next_embedding": {"cosine": [0.1, 0.9], "median_rank_cosine": [500, 1]},
+}
 
 
 def _files(run: Path) -> set[str]:
@@ -57,7 +73,8 @@ def test_an_overwrite_retrace_removes_every_derived_file(analysed_run):
 
     run, derived = analysed_run
     for name in ("metrics.json", "projection.npz", "theory.json", "theory.html", "flow.json",
-                 "flow.html", "figures/theory_flow.png"):  # fmt: skip
+                 "flow.html", "figures/theory_flow.png", "hypotheses.json",
+                 "hypotheses.html"):  # fmt: skip
         assert name in derived, name  # each writer ran
     (run / "notes.md").write_text("mine")
     writer = RunWriter(run, "trace", {"retraced": True}, append_dim="particle", overwrite=True)

@@ -314,3 +314,25 @@ def test_the_command_refuses_bad_input_in_one_line_before_loading_a_model(tmp_pa
     assert code == 2 and "is a file, not a directory" in one_error_line(err)
     code, _out, err = run_cli(["hypotheses", run], capsys)  # no prompts: before any model
     assert code == 2 and "fewer than 2 prompts" in one_error_line(err)
+
+
+def test_the_written_fragment_is_a_report_section(tmp_path):
+    """write_hypotheses writes RUN/hypotheses.html beside the JSON, and
+    ``tokenfield report --section`` puts its tables into the page."""
+    from tokenfield.pipelines.hypotheses import write_hypotheses
+    from tokenfield.pipelines.report import write_report
+
+    order = {"slope": -0.0847, "slope_ci": [-0.09, -0.05], "r2": 0.92, "monotone_fraction": 0.0,
+             "verdict": "supported"}  # fmt: skip
+    layer = {"share_passing": 0.25, "median_gap": 0.1, "median_gap_uniform": 0.3}
+    data = {
+        "rule": "R^2 >= 0.9",
+        "order": {"fuzziness": order},
+        "convex_fit": {"targets": {"next_embedding": [layer]}},
+        "next_embedding": {"cosine": [0.1, 0.9], "median_rank_cosine": [500, 1]},
+    }
+    write_hypotheses(data, tmp_path)
+    fragment = tmp_path / "hypotheses.html"
+    assert "-0.0847" in fragment.read_text()
+    page = write_report([], tmp_path / "report.html", sections=[fragment]).read_text()
+    assert "hypotheses-order" in page and "-0.0847" in page and "0.25" in page

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenfield._io import to_jsonable, write_json_atomic
+from tokenfield._io import to_jsonable, write_atomic, write_json_atomic
 from tokenfield._version import __version__
 from tokenfield.analysis.convex_fit import ALPHA, head_test, layer_summary, prompt_gaps
 from tokenfield.analysis.effective_beta import effective_beta
@@ -37,6 +37,7 @@ from tokenfield.analysis.order import BETAS, LINEAR_PACE_RULE, order_panel
 from tokenfield.errors import ParameterError, UserError
 from tokenfield.prompts import Prompt
 from tokenfield.runs import (
+    HYPOTHESES_HTML,
     HYPOTHESES_JSON,
     check_results_writable,
     check_writable_dir,
@@ -334,7 +335,9 @@ def check_out(out: str | Path) -> Path:
 
 
 def write_hypotheses(result: dict[str, Any], out: str | Path) -> Path:
-    """Write ``out/hypotheses.json`` atomically (``out`` is created if missing).
+    """Write ``out/hypotheses.json`` and the report fragment ``out/hypotheses.html``
+    (``tokenfield report RUN --section RUN/hypotheses.html``) atomically (``out`` is
+    created if missing).
 
     Args:
         result: what :func:`hypotheses` returned.
@@ -350,6 +353,10 @@ def write_hypotheses(result: dict[str, Any], out: str | Path) -> Path:
     """
     out = check_out(out)
     out.mkdir(parents=True, exist_ok=True)
+    from tokenfield.viz.hypotheses import hypotheses_html_section
+
     path = out / HYPOTHESES_JSON
-    write_json_atomic(path, to_jsonable(result))
+    data = to_jsonable(result)
+    write_json_atomic(path, data)
+    write_atomic(out / HYPOTHESES_HTML, (hypotheses_html_section(data) + "\n").encode())
     return path

@@ -53,6 +53,7 @@ from tokenfield.runs.layout import (
     FIGURES,
     FLOW_HTML,
     FLOW_JSON,
+    HYPOTHESES_HTML,
     HYPOTHESES_JSON,
     LENS_FIGURE_PREFIX,
     METRICS_JSON,
@@ -85,6 +86,7 @@ from tokenfield.runs.writer import (
 
 __all__ = [
     "HYPOTHESES_JSON",
+    "HYPOTHESES_HTML",
     "DERIVED_STORES",
     "ATTRACTORS_ZARR",
     "ATTRACTORS_JSON",

@@ -26,6 +26,7 @@ FLOW_HTML = "flow.html"
 # these (and only these, so a user's own files in the directory are never touched;
 # in FIGURES only the figures tokenfield draws, see is_figure).
 HYPOTHESES_JSON = "hypotheses.json"  # tokenfield hypotheses (pipelines.hypotheses)
+HYPOTHESES_HTML = "hypotheses.html"
 ATTRACTORS_JSON = "attractors.json"  # tokenfield attractors (pipelines.attractors)
 ATTRACTORS_ZARR = "attractors.zarr"  # a directory store, like TRAJECTORY
 ATTRACTORS_HTML = "attractors.html"
@@ -40,6 +41,7 @@ DERIVED = (
     FLOW_JSON,
     FLOW_HTML,
     HYPOTHESES_JSON,
+    HYPOTHESES_HTML,
     ATTRACTORS_JSON,
     ATTRACTORS_ZARR,
     ATTRACTORS_HTML,

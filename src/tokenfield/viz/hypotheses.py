@@ -3,9 +3,10 @@
 :func:`hypotheses_html_section` takes the JSON data (never computes) and returns two
 escaped tables: the order panel (slope, interval, R^2, monotone fraction and verdict,
 with the random copy's verdict beside) and, per layer, the share of heads passing the
-convex-fit test and the next-token embedding's cosine and median rank. Wiring it into
-the report is one call where the report gathers its sections (e.g. beside
-``theory_html_section`` when ``RUN/hypotheses.json`` exists).
+convex-fit test and the next-token embedding's cosine and median rank.
+:func:`tokenfield.pipelines.hypotheses.write_hypotheses` writes it as
+``RUN/hypotheses.html``, a fragment for ``tokenfield report --section`` (as the theory
+lens's ``RUN/theory.html``).
 """
 
 from __future__ import annotations
