@@ -78,6 +78,7 @@ def test_a_dropped_causal_mask_fails_the_renyi_centres_item(monkeypatch):
     import tokenfield.particles.dynamics as dynamics
     from tokenfield.pipelines.conformance_causal import renyi_centres_item
 
+    assert renyi_centres_item(n=60, horizon=20.0, seeds=(0,)).status == "PASS"  # the control
     original = dynamics.attention
 
     def unmasked(*args, **kwargs):
@@ -85,6 +86,6 @@ def test_a_dropped_causal_mask_fails_the_renyi_centres_item(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(dynamics, "attention", unmasked)
-    result = renyi_centres_item(quick=True)
+    result = renyi_centres_item(n=60, horizon=20.0, seeds=(0,))
     assert result.status == "FAIL"
     assert result.details["runs"][0]["max_strong_displacement"] > 0.05

@@ -60,10 +60,19 @@ def renyi_centres(x: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
     return centres, strong
 
 
-def renyi_centres_item(quick: bool = False, *, seeds: tuple[int, ...] | None = None) -> ItemResult:
+def renyi_centres_item(
+    quick: bool = False,
+    *,
+    seeds: tuple[int, ...] | None = None,
+    n: int | None = None,
+    horizon: float | None = None,
+) -> ItemResult:
     """The published set-up (n = 200, beta = 64, t = 150) from ``len(seeds)`` uniform starts
-    (default two; ``quick``: one start of n = 100 to t = 60)."""
-    n, beta, horizon = (100, 64.0, 60.0) if quick else (200, 64.0, 150.0)
+    (default two; ``quick``: one start of n = 100 to t = 60; ``n`` and ``horizon``
+    override the size, for tests)."""
+    beta = 64.0
+    n = n or (100 if quick else 200)
+    horizon = horizon or (60.0 if quick else 150.0)
     seeds = seeds if seeds is not None else ((0,) if quick else (0, 1))
     figure = None
     delta = 4.0 / math.sqrt(beta)

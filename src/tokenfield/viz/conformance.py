@@ -133,6 +133,7 @@ def plot_renyi(angles0: np.ndarray, moved: np.ndarray, centres, strong, tol: flo
     """Causal attention on the circle: each token's displacement by the horizon against its
     starting angle, strong Renyi centres and the other centres marked, the tolerance dashed."""
     fig, ax = new_figure((5.5, 3.6))
+    moved = np.maximum(moved, 1e-12)  # the first token never moves: draw it at the floor
     other = ~np.asarray(centres)
     ax.semilogy(angles0[other], moved[other], ".", ms=3, color="0.6", label="other tokens")
     weak = np.asarray(centres) & ~np.asarray(strong)
@@ -140,7 +141,7 @@ def plot_renyi(angles0: np.ndarray, moved: np.ndarray, centres, strong, tol: flo
     ax.semilogy(angles0[strong], moved[strong], "o", ms=6, label="strong Renyi centres")
     ax.axhline(tol, color="k", ls="--", lw=0.8, label="tolerance (delta / 10)")
     ax.set_xlabel("starting angle")
-    ax.set_ylabel("displacement by the horizon (rad)")
+    ax.set_ylabel("displacement by the horizon (rad, floor 1e-12)")
     ax.set_title("Causal attention: strong Renyi centres stay put", fontsize=9)
     ax.legend(fontsize=7)
     return fig
@@ -167,6 +168,7 @@ def plot_periodic(rows: list[dict[str, Any]], examples: dict[float, np.ndarray])
     ax.set_xticks(range(len(rows)), [f"{r['beta']:g}" for r in rows])
     ax.set_xlabel("beta")
     ax.set_ylabel("dominant mode (size: seeds)")
+    ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_title("Dominant Fourier mode against k_max (bars)", fontsize=9)
     return fig
 
