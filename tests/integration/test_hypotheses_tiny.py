@@ -61,6 +61,8 @@ def test_the_command_writes_hypotheses_json(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0, err
     data = json.loads((tmp_path / "h" / "hypotheses.json").read_text())
+    section = (tmp_path / "h" / "hypotheses.html").read_text()  # the report's fragment
+    assert "hypotheses-order" in section and "energy_beta_4" in section
     for part in (data, data["baseline"]):
         assert {"order", "convex_fit", "next_embedding"} <= part.keys()
         assert {"energy_beta_1", "energy_beta_4", "energy_beta_16", "matrix_entropy",
