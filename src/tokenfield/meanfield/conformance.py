@@ -38,6 +38,13 @@ with a tolerance or a qualitative criterion, and a verdict PASS / FAIL:
 6. ``mean-field-pde``: ``W1`` between the PDE and n particles decreases like
    ``n^{-1/2}`` (i.i.d. starts; the rate's 95 % interval over seeds) and ``n^{-1}``
    (quantile starts); PASS needs the whole interval inside the tolerance.
+7. ``causal-renyi-centres``: Karagodin-Polyanskiy-Rigollet (NeurIPS 2024, arXiv
+   2411.04990), Fig. 2: under causal attention the strong Renyi centres stay put
+   (:mod:`tokenfield.pipelines.conformance_causal`).
+8. ``periodic-clusters``: Bruno-Pasqualotto-Agazzi (ICLR 2025, arXiv 2410.23228),
+   Thm 4.3 and Fig. 4: the mean-field PDE from noisy uniform grows the most
+   unstable Fourier mode ``k_max``; three clusters at beta = 5
+   (:mod:`tokenfield.pipelines.conformance_periodic`).
 
 This module keeps the pure measures (energy, state classification, the stuck
 states' spectrum). The items themselves run simulations and draw, so they are a
