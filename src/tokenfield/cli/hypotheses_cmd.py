@@ -90,6 +90,10 @@ def hypotheses_command(
         echo_json(result)
         return
     typer.echo(f"wrote {path}")
+    from tokenfield.runs.layout import HYPOTHESES_HTML
+
+    section = path.parent / HYPOTHESES_HTML
+    typer.echo(f"wrote {section} (a report section: tokenfield report RUN --section {section})")
     for key in ("", "baseline"):
         part = result if not key else result.get(key)
         if part is None:
