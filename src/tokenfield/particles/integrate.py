@@ -61,7 +61,22 @@ CHUNK_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
-class Euler:
+class _FixedStep:
+    """A solver with one fixed step ``h``: ``step`` is the update before the
+    retraction; its name alone is its configuration."""
+
+    name: ClassVar[str]
+    order: ClassVar[int]
+
+    def step(self, field: Field, x: torch.Tensor, h: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def to_config(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+@dataclass(frozen=True)
+class Euler(_FixedStep):
     """Explicit Euler with retraction: one residual layer per step.
 
     Takes no arguments; pass it (or ``"euler"``, the default) as
@@ -79,9 +94,6 @@ class Euler:
 
     def step(self, field: Field, x: torch.Tensor, h: float) -> torch.Tensor:
         return x + h * field(x)
-
-    def to_config(self) -> dict[str, Any]:
-        return {"name": self.name}
 
 
 @dataclass(frozen=True)
@@ -104,16 +116,22 @@ class ProjectedEuler(Euler):
 
 
 @dataclass(frozen=True)
-class RK4:
+class RK4(_FixedStep):
     """Classical fourth-order Runge-Kutta in R^d, retracted after each step.
 
     Takes no arguments; pass it (or ``"rk4"``) as :func:`simulate`'s ``solver``.
 
     Example:
+        At ``dt = 0.1`` its end state is far closer to a fine reference than Euler's:
+
         >>> x0 = tf.initial_condition("uniform", n=8, d=3, seed=0)
-        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=0.1, solver=tf.RK4())
-        >>> sim.time.values[-1]
-        np.float64(1.0)
+        >>> def end(solver, dt):
+        ...     sim = tf.simulate(tf.Dynamics(beta=4.0), x0, t_max=1.0, dt=dt, solver=solver)
+        ...     return sim.states.values[-1]
+        >>> ref = end(tf.RK4(), 0.01)
+        >>> errors = {s.name: np.abs(end(s, 0.1) - ref).max() for s in (tf.Euler(), tf.RK4())}
+        >>> bool(errors["rk4"] < errors["euler"] / 100)
+        True
     """
 
     name: ClassVar[str] = "rk4"
@@ -125,9 +143,6 @@ class RK4:
         k3 = field(x + (h / 2) * k2)
         k4 = field(x + h * k3)
         return x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
-
-    def to_config(self) -> dict[str, Any]:
-        return {"name": self.name}
 
 
 # Dormand-Prince 5(4) tableau.
