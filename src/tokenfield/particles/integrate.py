@@ -50,7 +50,7 @@ import torch
 import xarray as xr
 
 from tokenfield.errors import ParameterError, UserError
-from tokenfield.particles.dynamics import Dynamics
+from tokenfield.particles.dynamics import Dynamics, DynamicsSpec
 from tokenfield.runs import RunWriter, open_run
 
 Field = Callable[[torch.Tensor], torch.Tensor]
@@ -232,6 +232,33 @@ def get_solver(solver: str | Solver) -> Solver:
     if isinstance(solver, str) and solver in SOLVERS:
         return SOLVERS[solver]()
     raise UserError(f"unknown integrator {solver!r}", "use euler, projected-euler, rk4 or adaptive")
+
+
+@dataclass(frozen=True)
+class SimulationSpec(DynamicsSpec):
+    """A :class:`~tokenfield.particles.dynamics.DynamicsSpec` integrated from 0 to
+    ``t_max`` (the base of :class:`~tokenfield.PhaseDiagramConfig` and the
+    simulation recipe; its fields are theirs, checked on construction).
+
+    Attributes:
+        t_max: the final time.
+        dt: the step (adaptive: the first step tried).
+        solver: ``euler``, ``projected-euler``, ``rk4`` or ``adaptive``.
+
+    Raises:
+        ParameterError: a bad ``normalization``, ``time``, ``t_max`` or ``dt``
+            (:func:`check_times`).
+        UserError: an unknown solver.
+    """
+
+    t_max: float = 10.0
+    dt: float = 0.1
+    solver: str = "euler"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_times(self.t_max, self.dt)
+        get_solver(self.solver)
 
 
 @dataclass(frozen=True)
