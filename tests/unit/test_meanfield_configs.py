@@ -6,17 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tokenfield.errors import ParameterError
 from tokenfield.meanfield.metastability import (
     MetastabilityConfig,
     first_merge_times,
     metastability,
 )
+from tokenfield.meanfield.phase import PhaseDiagramConfig
 from tokenfield.meanfield.predict import (
     GrowthConfig,
     PlateauConfig,
     first_plateau_experiment,
     growth_rate_experiment,
 )
+from tokenfield.pipelines.simulate import SimulationRecipe
+
+SPECS = [MetastabilityConfig, PhaseDiagramConfig, SimulationRecipe]
 
 
 def test_metastability_config_equals_keywords_and_keeps_the_json():
@@ -54,3 +59,29 @@ def test_predict_configs_equal_keywords():
 def test_a_misspelt_field_is_refused(call):
     with pytest.raises(TypeError, match="unexpected keyword"):
         call()
+
+
+@pytest.mark.parametrize("config", SPECS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [({"normalization": "softmax"}, "normalization"), ({"time": "slow"}, "time")],
+)
+def test_the_configs_refuse_an_unknown_dynamics_on_construction(config, change, param):
+    """One check (DynamicsSpec) for every config that names the dynamics."""
+    with pytest.raises(ParameterError) as caught:
+        config(**change)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize("config", SPECS[1:], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(("change", "param"), [({"dt": 0.0}, "dt"), ({"t_max": -1.0}, "t_max")])
+def test_the_integrated_configs_check_their_times(config, change, param):
+    with pytest.raises(ParameterError) as caught:
+        config(**change)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize("config", SPECS, ids=lambda c: c.__name__)
+def test_dynamics_at_is_the_configs_dynamics(config):
+    dynamics = config(normalization="usa", time="rescaled").dynamics_at(2.5)
+    assert (dynamics.beta, dynamics.normalization, dynamics.time) == (2.5, "usa", "rescaled")

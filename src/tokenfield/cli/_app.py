@@ -163,3 +163,11 @@ def command(
         return fn
 
     return register
+
+
+def theory_command(
+    name: str, *, old: tuple[str, ...] | None = None, **kwargs: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a command of the ``theory`` group; its flat spelling from before
+    the group (``old``, by default the same name) stays on the top level, hidden."""
+    return command(theory_app, name, old=(name,) if old is None else old, **kwargs)

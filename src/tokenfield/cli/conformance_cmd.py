@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from tokenfield.cli._app import command, theory_app
+from tokenfield.cli._app import theory_command
 from tokenfield.cli._options import (
     Json,
     echo_json,
@@ -27,10 +27,8 @@ from tokenfield.cli._options import (
 from tokenfield.errors import UserError
 
 
-@command(
-    theory_app,
+@theory_command(
     "conformance",
-    old=("conformance",),
     epilog=(
         "Examples: tokenfield theory conformance --quick --out conf/;  "
         "tokenfield theory conformance --only circle-synchronisation --out conf/\n\n"

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tokenfield.cli._app import command, theory_app
+from tokenfield.cli._app import theory_command
 from tokenfield.cli._options import (
     BETA_HELP,
     Beta,
@@ -107,10 +107,8 @@ def _figures(results: dict[str, Any], out: Path | None, console: Any) -> None:
     console.print(f"wrote {out} ({len(paths)} figure files)")
 
 
-@command(
-    theory_app,
+@theory_command(
     "stability",
-    old=("stability",),
     epilog=(
         "Examples: tokenfield theory stability --dim 2 --beta 25;  "
         "tokenfield theory stability --dim 3 --betas 1:100 --out kmax.png"
@@ -241,8 +239,7 @@ def stability_command(
             console.print(f"wrote {out}")
 
 
-@command(
-    theory_app,
+@theory_command(
     "clusters",
     old=("predict-clusters",),
     epilog=(
@@ -319,10 +316,8 @@ def predict_clusters_command(
     _figures({"cluster_prediction": rows, "growth_fits": fits}, out, console)
 
 
-@command(
-    theory_app,
+@theory_command(
     "pde",
-    old=("pde",),
     epilog=(
         "Example: tokenfield theory pde --beta 4 --normalization sa --n-particles 64,128,256,512 "
         "--times 0,1,2,3 --out mf/"
@@ -381,10 +376,8 @@ def pde_command(
     _figures({"pde": result}, out, console)
 
 
-@command(
-    theory_app,
+@theory_command(
     "phase-diagram",
-    old=("phase-diagram",),
     epilog=(
         "Example: tokenfield theory phase-diagram --dims 2,8,32,128 --betas 0:9 --out mf/phase "
         "--workers 2\n\n"
@@ -519,10 +512,8 @@ def phase_diagram_command(
     _figures({"phase_diagram": ds}, out, console)
 
 
-@command(
-    theory_app,
+@theory_command(
     "metastability",
-    old=("metastability",),
     epilog=(
         "Example: tokenfield theory metastability --betas 2:12 --caps 3 --dim 2 --t-max 2e5 "
         "--fit-from 6 --out mf/\n\n"

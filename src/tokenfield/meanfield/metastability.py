@@ -38,7 +38,8 @@ from tokenfield._io import to_jsonable
 from tokenfield._progress import stage
 from tokenfield.analysis.clusters import cluster_count, count_changes
 from tokenfield.errors import UserError
-from tokenfield.particles import Adaptive, Dynamics, SaveAt, simulate
+from tokenfield.particles import Adaptive, SaveAt, simulate
+from tokenfield.particles.dynamics import DynamicsSpec
 from tokenfield.particles.init import caps
 
 
@@ -61,7 +62,7 @@ def predicted_slope(k: int, dim: int, normalization: str = "sa", time: str = "pa
 
 
 @dataclass(frozen=True)
-class MetastabilityConfig:
+class MetastabilityConfig(DynamicsSpec):
     """The settings of :func:`first_merge_times` and :func:`metastability`.
 
     Attributes:
@@ -86,8 +87,6 @@ class MetastabilityConfig:
     dim: int = 2
     per_cap: int = 4
     cap_radius: float = 0.1
-    normalization: str = "sa"
-    time: str = "paper"
     seeds: int = 4
     seed: int = 0
     eps: float = 1e-2
@@ -100,7 +99,10 @@ class MetastabilityConfig:
         return replace(config or cls(), **overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, in metastability.json's order (the caps, then the dynamics)."""
+        data = asdict(self)
+        caps = {key: data.pop(key) for key in ("k", "dim", "per_cap", "cap_radius")}
+        return {**caps, **data}
 
 
 def first_merge_times(
@@ -122,14 +124,14 @@ def first_merge_times(
 
     c = MetastabilityConfig.of(config, **overrides)
     k, dim, per_cap, cap_radius, seeds, seed = c.k, c.dim, c.per_cap, c.cap_radius, c.seeds, c.seed
-    normalization, time, eps, t_cap, rtol = c.normalization, c.time, c.eps, c.t_cap, c.rtol
+    eps, t_cap, rtol = c.eps, c.t_cap, c.rtol
     if k < 2:
         raise UserError(f"metastability needs k >= 2 caps, not {k}")
     cap_centres(k, dim)  # validates k <= 2d
     x = torch.stack(
         [caps(k * per_cap, dim, k=k, cap_radius=cap_radius, seed=seed + s) for s in range(seeds)]
     )  # (seeds, n, d)
-    dynamics = Dynamics(beta=beta, normalization=normalization, time=time)
+    dynamics = c.dynamics_at(beta)
     solver = Adaptive(rtol=rtol, atol=rtol / 100)
     merged = np.full(seeds, np.inf)
     t0, t1 = 0.0, 1.0

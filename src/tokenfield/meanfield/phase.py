@@ -43,14 +43,15 @@ import xarray as xr
 
 from tokenfield._io import to_jsonable
 from tokenfield.errors import ParameterError, UserError
-from tokenfield.particles import Dynamics, SaveAt, simulate
+from tokenfield.particles import SaveAt, simulate
 from tokenfield.particles.init import uniform
+from tokenfield.particles.integrate import SimulationSpec
 
 VARIABLE = "merged_probability"
 
 
 @dataclass(frozen=True)
-class PhaseDiagramConfig:
+class PhaseDiagramConfig(SimulationSpec):
     """Settings of a phase-diagram sweep (JSON round-trip: :meth:`to_dict`).
 
     Attributes:
@@ -75,17 +76,15 @@ class PhaseDiagramConfig:
         ([2], (0.0, 4.0))
     """
 
+    # the integration (normalization, time, dt: SimulationSpec's), with a sweep's defaults
+    t_max: float = 30.0
+    solver: str = "rk4"
     dims: tuple[int, ...] = (2, 8, 32, 128)
     betas: tuple[float, ...] = tuple(float(b) for b in range(10))
-    t_max: float = 30.0
     frames: int = 61
     n_particles: int = 32
     n_systems: int = 32
     delta: float = 0.1
-    normalization: str = "sa"
-    time: str = "paper"
-    dt: float = 0.1
-    solver: str = "rk4"
     pairs: Literal["all", "first"] = "all"
     seed: int = 0
     beta_block: int = 2
@@ -99,14 +98,12 @@ class PhaseDiagramConfig:
             )
         if not self.betas or not all(math.isfinite(b) for b in self.betas):
             raise ParameterError("betas", "{name} must be a non-empty list of finite numbers")
-        if not (math.isfinite(self.t_max) and self.t_max > 0) or self.frames < 2:
-            raise UserError("t_max must be > 0 and frames >= 2")
+        if self.frames < 2:
+            raise UserError("frames must be >= 2")
         if self.n_particles < 2 or self.n_systems < 1:
             raise UserError("phase diagrams need n_particles >= 2 and n_systems >= 1")
         if not (0 < self.delta < 2):
             raise ParameterError("delta", f"{{name}} must be in (0, 2), not {self.delta}")
-        if self.normalization not in ("sa", "usa") or self.time not in ("paper", "rescaled"):
-            raise UserError("normalization must be sa/usa and time paper/rescaled")
         if self.pairs not in ("all", "first"):
             raise UserError(f"pairs must be all or first, not {self.pairs!r}")
         if self.solver not in ("rk4", "euler", "projected-euler"):
@@ -114,8 +111,9 @@ class PhaseDiagramConfig:
                 f"unknown phase-diagram integrator {self.solver!r}",
                 "use rk4, projected-euler or euler",
             )
-        if self.beta_block < 1 or not (self.dt > 0):
-            raise UserError("beta_block must be >= 1 and dt > 0")
+        if self.beta_block < 1:
+            raise UserError("beta_block must be >= 1")
+        super().__post_init__()  # normalization, time, t_max, dt
 
     @property
     def times(self) -> np.ndarray:
@@ -197,7 +195,7 @@ def compute_block(config: PhaseDiagramConfig, dim_index: int, start: int, stop: 
     out = np.empty((stop - start, config.frames))
     for row, beta in enumerate(config.betas[start:stop]):
         ds = simulate(
-            Dynamics(beta=beta, normalization=config.normalization, time=config.time),
+            config.dynamics_at(beta),
             x0,
             t_max=config.t_max,
             dt=config.dt,

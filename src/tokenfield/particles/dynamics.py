@@ -458,6 +458,41 @@ class Dynamics:
 Ensemble = Literal["gaussian", "orthogonal", "symmetric", "identity"]
 
 
+@dataclass(frozen=True)
+class DynamicsSpec:
+    """The choices of the ``Q = K = V = I`` dynamics that a sweep's settings fix
+    (the base of :class:`~tokenfield.MetastabilityConfig`,
+    :class:`~tokenfield.PhaseDiagramConfig` and the simulation recipe; its
+    fields are theirs, checked on construction).
+
+    Attributes:
+        normalization: ``"sa"`` or ``"usa"`` (:class:`Dynamics`).
+        time: ``"paper"`` or ``"rescaled"`` (:class:`Dynamics`).
+
+    Raises:
+        ParameterError: an unknown ``normalization`` or ``time``.
+    """
+
+    normalization: str = "sa"
+    time: str = "paper"
+
+    def __post_init__(self) -> None:
+        for param, value, known in (
+            ("normalization", self.normalization, ("sa", "usa")),
+            ("time", self.time, ("paper", "rescaled")),
+        ):
+            if value not in known:
+                raise ParameterError(
+                    param, f"unknown {{name}} {value!r}", f"use {' or '.join(known)}"
+                )
+
+    def dynamics_at(self, beta: float) -> Dynamics:
+        """The :class:`Dynamics` with these choices at inverse temperature ``beta``
+        (``Q = K = V = I``, no mask, on the sphere; the simulation recipe's own
+        ``dynamics(dim)`` adds its matrices, mask and state space)."""
+        return Dynamics(beta=beta, normalization=self.normalization, time=self.time)
+
+
 def random_matrices(
     dim: int,
     *,

@@ -25,7 +25,7 @@ from tokenfield._progress import ProgressBar
 from tokenfield.errors import ParameterError, UserError
 from tokenfield.particles import Adaptive, Dynamics, SaveAt, random_matrices, simulate
 from tokenfield.particles.init import initial_condition
-from tokenfield.particles.integrate import Solver, check_times, get_solver
+from tokenfield.particles.integrate import SimulationSpec, Solver, get_solver
 
 __all__ = [
     "DTYPES",
@@ -49,7 +49,7 @@ DEFAULT_DIM = 3
 
 
 @dataclass(frozen=True)
-class SimulationRecipe:
+class SimulationRecipe(SimulationSpec):
     """Everything one simulation is made of, checked once, on construction.
 
     Args:
@@ -81,13 +81,10 @@ class SimulationRecipe:
         UserError: an unknown solver or device, bad tolerances.
     """
 
-    normalization: str = "sa"
+    # normalization, time, t_max, dt and solver: SimulationSpec's
     dim: int | None = None
     n_particles: int | None = None
     beta: float = 1.0
-    t_max: float = 10.0
-    dt: float = 0.1
-    solver: str = "euler"
     init: str = "uniform"
     noise: float = 0.0
     seed: int = 0
@@ -95,7 +92,6 @@ class SimulationRecipe:
     dtype: str = "float64"
     device: str = "cpu"
     causal: bool = False
-    time: str = "paper"
     state: str = "sphere"
     matrices: str = "identity"
     heads: int = 1
@@ -119,7 +115,7 @@ class SimulationRecipe:
             )
         if self.heads < 1:
             raise ParameterError("heads", f"{{name}} must be >= 1, not {self.heads}")
-        check_times(self.t_max, self.dt)  # beta, noise, n and dim are checked where they are used
+        super().__post_init__()  # beta, noise, n and dim are checked where they are used
         parse_device(self.device)
         self.make_solver()
 

@@ -213,9 +213,15 @@ def plot_centroid_heatmaps(
         The figure.
 
     Example:
+        Two halves of a simulated cloud, at its first, middle and last time:
+
         >>> from tokenfield.viz import plot_centroid_heatmaps
-        >>> dist = tf.centroid_distances(tf.open_run("runs/categories"))  # doctest: +SKIP
-        >>> fig = plot_centroid_heatmaps(dist, [0, 12, 24])               # doctest: +SKIP
+        >>> sim = tf.simulate(tf.Dynamics(beta=4.0), tf.initial_condition("uniform", n=8, d=3),
+        ...                   t_max=1.0, dt=0.1)
+        >>> dist = tf.centroid_distances(sim, ["a"] * 4 + ["b"] * 4)
+        >>> fig = plot_centroid_heatmaps(dist, dist.time.values[::5], time_name="time")
+        >>> len(fig.axes)  # three heatmaps and their colour bar
+        4
     """
     layers = list(layers)
     fig, axes = new_figure((4.2 * len(layers), 4.0), ncols=len(layers))
