@@ -155,9 +155,7 @@ def plot_periodic(rows: list[dict[str, Any]], examples: dict[float, np.ndarray])
     for beta, density in examples.items():
         theta = (np.arange(density.size) + 0.5) * 2 * np.pi / density.size
         ax.plot(theta, density * 2 * np.pi, lw=1, label=f"beta = {beta:g}")
-    ax.set_yscale("log")
-    ax.set_xlabel("theta")
-    ax.set_ylabel("density / uniform")
+    ax.set(yscale="log", xlabel="theta", ylabel="density / uniform")
     ax.set_title("Mean-field density at t = 12 / lambda_max (seed 0)", fontsize=9)
     ax.legend(fontsize=7)
     ax = axes[1]
