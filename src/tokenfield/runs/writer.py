@@ -86,7 +86,31 @@ def check_writable_dir(path: Path) -> None:
 # rows per chunk of a buffered run's 1-D coordinates along its growing dimension
 COORD_CHUNK = 1 << 16
 # bytes per chunk of a buffered run's larger variables (e.g. a trace's states)
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 32 << 20
+# How float arrays are stored: "none" (the default: raw little-endian bytes and a
+# CRC-32C checksum per chunk) or "zstd" (Zstandard level 0 with its frame checksum,
+# the former default). Float states barely compress (measured: 1.08x on synthetic
+# states, 1.10x on SmolLM2's), and compressing them was most of the writer's time.
+COMPRESSORS = ("none", "zstd")
+COMPRESSOR_ENV = "TOKENFIELD_STORE_COMPRESSOR"
+
+
+def store_compressor(value: str | None = None) -> str:
+    """``value``, or the ``TOKENFIELD_STORE_COMPRESSOR`` environment variable, or
+    ``"none"``; checked against :data:`COMPRESSORS`.
+
+    Raises:
+        UserError: an unknown compressor.
+    """
+    source = "compressor"
+    if value is None:
+        value, source = os.environ.get(COMPRESSOR_ENV, "").strip() or "none", COMPRESSOR_ENV
+    if value not in COMPRESSORS:
+        raise UserError(
+            f"{source}={value!r} is not a store compressor",
+            f"use one of: {', '.join(COMPRESSORS)}",
+        )
+    return value
 
 
 class RunWriter:
@@ -120,6 +144,13 @@ class RunWriter:
             time; at most ``flush_bytes`` more wait in memory meanwhile). An
             error of that write is raised by the next :meth:`append`,
             :meth:`flush` or :meth:`finish`.
+        compressor: how float arrays are stored when the store is created:
+            ``"none"`` (raw bytes with a CRC-32C checksum per chunk, the
+            default) or ``"zstd"`` (Zstandard with its frame checksum); default:
+            the ``TOKENFIELD_STORE_COMPRESSOR`` environment variable, else
+            ``"none"``. Either reads back bit-identical, with plain
+            ``xarray.open_zarr``; other dtypes (strings, integers) are always
+            Zstandard-compressed.
 
     The writer holds the directory's lock (:mod:`tokenfield._lock`) from
     construction until :meth:`finish` or :meth:`close`; a second writer fails
@@ -153,8 +184,10 @@ class RunWriter:
         flush_bytes: int = 64 << 20,
         flush_pieces: int = 64,
         background: bool = False,
+        compressor: str | None = None,
     ):
         self.path = Path(path)
+        self.compressor = store_compressor(compressor)
         self._executor: ThreadPoolExecutor | None = None
         self._writing: Future[None] | None = None
         self._inflight: list[tuple[xr.Dataset, int, dict[str, Any]]] = []  # what it writes
@@ -166,6 +199,11 @@ class RunWriter:
         self._pending: list[tuple[xr.Dataset, int, dict[str, Any]]] = []
         self._pending_bytes = 0
         self._last_flush = time.monotonic()
+        # rows per chunk of the store's larger variables (a buffered writer's; None:
+        # unknown, e.g. a resumed store) and the rows written so far (None: the
+        # recorded size); see _write
+        self._align: int | None = None
+        self._written: int | None = None
         self.config = canonical_config(config)
         check_writable_dir(self.path)
         if self.path.exists() and not self.path.is_dir():
@@ -400,14 +438,18 @@ class RunWriter:
         piece.attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": self.info.kind}
         self._pending.append((piece, int(done), progress))
         self._pending_bytes += int(piece.nbytes)
+        full = self._pending_bytes >= self.flush_bytes
         if (
             self.flush_seconds <= 0
-            or self._pending_bytes >= self.flush_bytes
+            or full
             or len(self._pending) >= self.flush_pieces
             or time.monotonic() - self._last_flush >= self.flush_seconds
         ):
+            # A flush for the bytes held writes whole chunks only (see _write);
+            # one for the time or the number of pieces writes everything.
+            whole = not full
             if not self.background:
-                self.flush()
+                self._flush(whole)
                 return
             self._wait()  # one write at a time, and its error (if any) raised here
             pending, self._pending, self._pending_bytes = self._pending, [], 0
@@ -415,7 +457,7 @@ class RunWriter:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenfield-writer")
             self._inflight = pending
-            self._writing = self._executor.submit(self._write, pending)
+            self._writing = self._executor.submit(self._write, pending, whole)
 
     def _wait(self) -> None:
         """Wait for the background write, if one runs; raise its error.
@@ -424,16 +466,21 @@ class RunWriter:
         waiting leaves it to :meth:`close`, which waits again before it writes
         anything else (two writes at once would both write at the same
         recorded size). A failed write's pieces go back in front of the
-        pending ones, so that nothing after them is recorded without them."""
+        pending ones, so that nothing after them is recorded without them; so
+        do the pieces a write held back (not yet recorded)."""
         writing = self._writing
         if writing is None:
             return
         try:
-            writing.result()
+            held = writing.result()
         except Exception:
             self._pending = self._inflight + self._pending
             self._pending_bytes += sum(int(piece.nbytes) for piece, _d, _p in self._inflight)
             raise
+        else:
+            if held:
+                self._pending = list(held) + self._pending
+                self._pending_bytes += sum(int(piece.nbytes) for piece, _d, _p in held)
         finally:
             if writing.done():
                 self._writing, self._inflight = None, []
@@ -441,65 +488,129 @@ class RunWriter:
     def flush(self) -> None:
         """Write the pending pieces at the recorded size, then record the progress
         (after any background write)."""
+        self._flush(whole=True)
+
+    def _flush(self, whole: bool) -> None:
         self._wait()
-        self._write(self._pending)  # kept until written: close() retries an interrupted one
-        self._pending, self._pending_bytes = [], 0
+        # kept until written: close() retries an interrupted one
+        held = self._write(self._pending, whole)
+        self._pending = held
+        self._pending_bytes = sum(int(piece.nbytes) for piece, _d, _p in held)
         self._last_flush = time.monotonic()
 
-    def _write(self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]]) -> None:
+    def _layout(self, merged: xr.Dataset, first: int) -> dict[str, dict[str, Any]]:
+        """The encoding of a new store (codecs and chunks), and :attr:`_align`.
+
+        A buffered writer (few, large writes) keeps its 1-D coordinates (tokens,
+        prompts, ...) in long chunks: a few files to read back instead of one per
+        piece. Its larger variables share one number of rows per chunk, about
+        CHUNK_BYTES of the largest (but no more than this first write holds, so
+        a small run is one chunk, not a padded one), so that a write of whole
+        chunks of one is whole chunks of all: Zarr then writes each chunk's
+        bytes without reading anything back (see _write). An unbuffered writer
+        keeps one piece (``first`` rows) per chunk, as before."""
+        dim = self.append_dim
+        encoding = store_encoding(merged, self.compressor)
+        growing = [var for var in merged.variables.values() if dim in var.dims]
+        rows_now = int(merged.sizes[dim])
+        self._align = None
+        if self.flush_seconds > 0:
+            row_bytes = max(
+                (v.dtype.itemsize * v.size // max(1, rows_now) for v in growing if v.ndim > 1),
+                default=0,
+            )
+            if row_bytes:
+                self._align = max(1, min(rows_now, CHUNK_BYTES // row_bytes))
+
+        def rows(var: xr.Variable) -> int:
+            if self._align is None and self.flush_seconds <= 0:
+                return first
+            if var.ndim == 1 and self._align is None:
+                return max(first, COORD_CHUNK)
+            return self._align or first
+
+        for name, var in merged.variables.items():
+            if dim not in var.dims:
+                continue
+            encoding[name]["chunks"] = tuple(
+                rows(var) if d == dim else size for d, size in zip(var.dims, var.shape, strict=True)
+            )
+            if var.ndim == 1 and self._align is not None:
+                # a coordinate's chunks of _align rows, in shards of about
+                # COORD_CHUNK rows (few files): a write of whole chunks encodes
+                # only its own rows (a long plain chunk was read, decoded and
+                # encoded again at every flush: most of the writer's time on
+                # string coordinates)
+                encoding[name]["shards"] = (-(-COORD_CHUNK // self._align) * self._align,)
+        return encoding
+
+    def _write(
+        self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]], whole: bool = True
+    ) -> list[tuple[xr.Dataset, int, dict[str, Any]]]:
+        """Write ``pending`` from the recorded size on, then record the progress of
+        the last piece written in full; return the pieces held back.
+
+        With ``whole`` everything is written. Without, a buffered writer writes
+        only up to the last boundary of its chunks (:attr:`_align` rows), so that
+        every chunk is written once and in full (never read back and merged);
+        the rows after it stay in memory with their pieces, which are written
+        (from that boundary) by the next flush. Rows written beyond the
+        recorded size are rows of pieces not yet recorded: a kill leaves them to
+        the resume's trim."""
         if not pending:
-            return
+            return []
+        dim = self.append_dim
         pieces = [piece for piece, _done, _progress in pending]
-        _piece, done, progress = pending[-1]
-        merged = concat_pieces(pieces, self.append_dim)
         at = int(self.info.progress.get("size", 0))
+        ends = list(np.cumsum([int(piece.sizes[dim]) for piece in pieces]) + at)
+        total = int(ends[-1])
+        creating = not self.store.exists() or (at == 0 and self._written is None)
+        start = at if creating or self._written is None else self._written
+        if not at <= start <= total:
+            start = at
+        stop = total
+        if not whole and self._align and not creating:
+            stop = total // self._align * self._align
+            if stop <= start:
+                return pending  # no whole chunk yet
+        merged = concat_pieces(pieces, dim)
         with _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if at == 0 or not self.store.exists():
-                chunk = int(pieces[0].sizes[self.append_dim])  # one piece per chunk, as before
-                buffered = self.flush_seconds > 0
-                # Buffered writers (few, large writes) keep 1-D coordinates (tokens,
-                # prompts, ...) in long chunks: a few files to read back instead of
-                # one per piece; each write rewrites at most one partial chunk. Their
-                # large variables get chunks of about CHUNK_BYTES, which Zarr encodes
-                # and writes fastest (measured: 590 MB/s at 4 MB, 300 MB/s at 40 MB).
-
-                def rows(var: xr.Variable) -> int:
-                    if not buffered:
-                        return chunk
-                    if var.ndim == 1:
-                        return max(chunk, COORD_CHUNK)
-                    row_bytes = var.dtype.itemsize * var.size // max(1, var.sizes[self.append_dim])
-                    return max(1, min(chunk, CHUNK_BYTES // max(1, row_bytes)))
-
-                encoding = store_encoding(merged)
-                for name, var in merged.variables.items():
-                    if self.append_dim in var.dims:
-                        encoding[name]["chunks"] = tuple(
-                            rows(var) if dim == self.append_dim else size
-                            for dim, size in zip(var.dims, var.shape, strict=True)
-                        )
-                merged.to_zarr(
+            if creating:
+                encoding = self._layout(merged, int(pieces[0].sizes[dim]))
+                if not whole and self._align:  # at least one chunk: align <= these rows
+                    stop = total // self._align * self._align
+                merged.isel({dim: slice(0, stop - at)}).to_zarr(
                     self.store,
                     mode="w",
                     consolidated=False,
                     write_empty_chunks=True,
                     encoding=encoding,
                 )
-            elif not _write_at(self.store, merged, self.append_dim, at):
-                self._trim_store(at)  # layouts differ: let xarray append (and complain)
-                merged.to_zarr(
-                    self.store,
-                    append_dim=self.append_dim,
-                    consolidated=False,
-                    write_empty_chunks=True,
-                )
-        size = at + int(merged.sizes[self.append_dim])
-        keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
-        # recorded only once run.json says so: an interrupted record is written again
-        info = replace(self.info, progress={**progress, **keep, "done": int(done), "size": size})
-        write_json_atomic(self.path / RUN_JSON, info.to_dict())
-        self.info = info
+            else:
+                part = merged.isel({dim: slice(start - at, stop - at)})
+                if not _write_at(self.store, part, dim, start):
+                    self._trim_store(at)  # layouts differ: let xarray append (and complain)
+                    stop = total
+                    merged.to_zarr(
+                        self.store,
+                        append_dim=dim,
+                        consolidated=False,
+                        write_empty_chunks=True,
+                    )
+        self._written = stop
+        written = sum(1 for end in ends if end <= stop)
+        if written:
+            _piece, done, progress = pending[written - 1]
+            keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
+            size = int(ends[written - 1])
+            # recorded only once run.json says so: an interrupted record is written again
+            info = replace(
+                self.info, progress={**progress, **keep, "done": int(done), "size": size}
+            )
+            write_json_atomic(self.path / RUN_JSON, info.to_dict())
+            self.info = info
+        return pending[written:]
 
     def _trim_store(self, size: int) -> None:
         """Cut every array growing along the append dimension back to ``size``."""
@@ -526,7 +637,7 @@ class RunWriter:
                 mode="a",
                 consolidated=False,
                 write_empty_chunks=True,
-                encoding=store_encoding(variables),
+                encoding=store_encoding(variables, self.compressor),
             )
         if self.complete:
             self._consolidate()
@@ -576,10 +687,26 @@ def checksummed() -> tuple[Any, ...]:
     return (ZstdCodec(level=0, checksum=True),)
 
 
-def store_encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
-    """Zarr encoding for every variable of ``ds`` (its compressors; see
-    :func:`checksummed`), to pass to ``to_zarr`` when the arrays are created."""
-    return {name: {"compressors": checksummed()} for name in ds.variables}
+def float_codecs(compressor: str = "none") -> tuple[Any, ...]:
+    """The bytes-to-bytes codecs of a float array (see :data:`COMPRESSORS`): a
+    CRC-32C checksum of each chunk (``"none"``; a standard Zarr v3 codec, checked
+    on every read) or :func:`checksummed` (``"zstd"``)."""
+    if store_compressor(compressor) == "zstd":
+        return checksummed()
+    from zarr.codecs import Crc32cCodec
+
+    return (Crc32cCodec(),)
+
+
+def store_encoding(ds: xr.Dataset, compressor: str | None = None) -> dict[str, dict[str, Any]]:
+    """Zarr encoding for every variable of ``ds``, to pass to ``to_zarr`` when the
+    arrays are created: every chunk checksummed; float variables stored as
+    ``compressor`` says (:func:`float_codecs`), the others with :func:`checksummed`."""
+    compressor = store_compressor(compressor)
+    return {
+        name: {"compressors": float_codecs(compressor) if var.dtype.kind == "f" else checksummed()}
+        for name, var in ds.variables.items()
+    }
 
 
 def concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:
