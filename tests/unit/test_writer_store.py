@@ -111,7 +111,7 @@ def test_chunk_files_written_straight_equal_zarrs_own(tmp_path):
 
     values = np.random.default_rng(1).standard_normal((LAYERS, 12, D)).astype(np.float32)
     made = {}
-    for how in ("zarr", "straight"):
+    for how in ("zarr", "straight", "blocks"):
         path = tmp_path / f"{how}.zarr"
         array = zarr.create_array(
             str(path), shape=(LAYERS, 12, D), chunks=(LAYERS, 4, D), dtype="f4",
@@ -119,14 +119,19 @@ def test_chunk_files_written_straight_equal_zarrs_own(tmp_path):
         )  # fmt: skip
         if how == "zarr":
             array[:] = values
-        else:
+        elif how == "straight":
             assert runs.writer._write_whole_chunks(path, array, 1, values[:, 4:], 4) == 8
             array[:, :4] = values[:, :4]
+        else:  # rows in blocks that straddle the chunks (a flush's pieces), and a tail
+            blocks = [values[:, 0:3], values[:, 3:5], values[:, 5:10]]
+            assert runs.writer._write_whole_chunks(path, array, 1, blocks, 0) == 8
+            assert runs.writer._write_whole_chunks(path, array, 1, values[:, 8:], 9) == 0
+            array[:, 8:] = values[:, 8:]
         made[how] = {
             p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
         }
         np.testing.assert_array_equal(zarr.open_array(str(path))[:], values)
-    assert made["zarr"] == made["straight"]
+    assert made["zarr"] == made["straight"] == made["blocks"]
     assert len([k for k in made["zarr"] if k.parts[0] == "c"]) == 3
 
 

@@ -573,7 +573,18 @@ class RunWriter:
             stop = total // self._align * self._align
             if stop <= start:
                 return pending  # no whole chunk yet
-        merged = concat_pieces(pieces, dim)
+        # Large float variables (the states) are not joined into one array when
+        # appending: their whole chunks go to disk straight from the pieces.
+        straight = (
+            {
+                name
+                for name, var in pieces[0].data_vars.items()
+                if dim in var.dims and var.ndim > 1 and var.dtype.kind == "f"
+            }
+            if not creating and self._align
+            else set()
+        )
+        merged = concat_pieces(pieces, dim, skip=straight)
         with _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if creating:
@@ -594,9 +605,11 @@ class RunWriter:
                     raise RuntimeError(f"'{self.store}' does not match the rows it was made for")
             else:
                 part = merged.isel({dim: slice(start - at, stop - at)})
-                if not _write_at(self.store, part, dim, start):
+                rows = {name: _rows(pieces, name, dim, start - at, stop - at) for name in straight}
+                if not _write_at(self.store, part, dim, start, rows):
                     self._trim_store(at)  # layouts differ: let xarray append (and complain)
                     stop = total
+                    merged = concat_pieces(pieces, dim)
                     merged.to_zarr(
                         self.store,
                         append_dim=dim,
@@ -714,11 +727,16 @@ def store_encoding(ds: xr.Dataset, compressor: str | None = None) -> dict[str, d
     }
 
 
-def concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:
+def concat_pieces(
+    pieces: list[xr.Dataset], dim: str, skip: set[str] | frozenset[str] = frozenset()
+) -> xr.Dataset:
     """Pieces of one layout joined along ``dim``: numpy concatenation of every
     variable that has ``dim``, the others taken from the first piece (they are
-    the same in every piece: times, sites, blocks)."""
+    the same in every piece: times, sites, blocks). The data variables named in
+    ``skip`` are left out."""
     first = pieces[0]
+    if skip:
+        first = first.drop_vars(sorted(skip))
     if len(pieces) == 1:
         return first
 
@@ -735,11 +753,40 @@ def concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:
     return xr.Dataset(data_vars, coords=coords, attrs=first.attrs)
 
 
-def _write_at(store: Path, merged: xr.Dataset, dim: str, at: int) -> bool:
+def _rows(
+    pieces: list[xr.Dataset], name: str, dim: str, lo: int, hi: int
+) -> tuple[tuple[str, ...], list[np.ndarray]]:
+    """Rows ``lo .. hi`` (counted over the joined pieces) of variable ``name``: its
+    dims and the pieces' arrays cut to those rows (views, nothing copied)."""
+    dims = tuple(pieces[0].variables[name].dims)
+    axis = dims.index(dim)
+    parts, offset = [], 0
+    for piece in pieces:
+        values = piece.variables[name].transpose(*dims).values
+        n = values.shape[axis]
+        a, b = max(lo, offset), min(hi, offset + n)
+        if a < b:
+            index = [slice(None)] * values.ndim
+            index[axis] = slice(a - offset, b - offset)
+            parts.append(values[tuple(index)])
+        offset += n
+    return dims, parts
+
+
+def _write_at(
+    store: Path,
+    merged: xr.Dataset,
+    dim: str,
+    at: int,
+    rows: Mapping[str, tuple[tuple[str, ...], list[np.ndarray]]] | None = None,
+) -> bool:
     """Write ``merged``'s rows at ``at .. at + n`` of the existing arrays along
     ``dim`` (each resized to ``at + n``) with plain Zarr writes: no re-reading of
-    the store's data, a cost independent of its size. False (nothing written)
-    when the store's arrays do not match the merged variables one to one."""
+    the store's data, a cost independent of its size. ``rows``: more variables,
+    each as its dims and consecutive blocks of its rows (:func:`_rows`), not
+    joined. False (nothing written) when the store's arrays do not match the
+    variables one to one."""
+    rows = dict(rows or {})
     import zarr
 
     with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
@@ -748,13 +795,34 @@ def _write_at(store: Path, merged: xr.Dataset, dim: str, at: int) -> bool:
     growing = {
         name for name, array in arrays.items() if dim in (array.metadata.dimension_names or ())
     }
-    wanted = {name for name, var in merged.variables.items() if dim in var.dims}
+    wanted = {name for name, var in merged.variables.items() if dim in var.dims} | set(rows)
     if growing != wanted:
         return False
-    plan = []
+    plan: list[tuple[Any, int, Any]] = []
     for name in sorted(wanted):
-        array, var = arrays[name], merged.variables[name]
+        array = arrays[name]
         dims = tuple(array.metadata.dimension_names)
+        if name in rows:
+            var_dims, parts = rows[name]
+            if var_dims != dims or not parts:
+                values = (
+                    np.concatenate(parts, axis=var_dims.index(dim))
+                    if parts
+                    else np.empty(0, dtype=array.dtype)
+                )
+                var = xr.Variable(var_dims, values)
+            else:
+                first = parts[0]
+                axis = dims.index(dim)
+                same = all(p.dtype == array.dtype for p in parts) and all(
+                    size == first.shape[i] for i, size in enumerate(array.shape) if i != axis
+                )
+                if not same:
+                    return False
+                plan.append((array, axis, parts))
+                continue
+        else:
+            var = merged.variables[name]
         if set(dims) != set(var.dims) or len(dims) != var.ndim:
             return False
         values = var.transpose(*dims).values
@@ -765,18 +833,56 @@ def _write_at(store: Path, merged: xr.Dataset, dim: str, at: int) -> bool:
         if any(size != values.shape[i] for i, size in enumerate(array.shape) if i != axis):
             return False  # another feature size, heads, k, ...
         plan.append((array, axis, values))
+    resizes, writes = [], []
+    for array, axis, values in plan:
+        n = _count(values, axis)
+        shape = list(array.shape)
+        shape[axis] = at + n
+        resizes.append((array, tuple(shape)))
+    # every array's metadata at once (one trip through Zarr's event loop, not one per
+    # array), then the whole chunks straight to their files, then the rest (partial
+    # chunks, sharded coordinates, strings) through Zarr, all arrays at once
+    _gather([(array, "resize", (shape,)) for array, shape in resizes])
+    for array, axis, values in plan:
+        n = _count(values, axis)
+        done = _write_whole_chunks(store, array, axis, values, at)
+        if done < n:
+            if isinstance(values, list):
+                values = np.concatenate(values, axis=axis) if len(values) > 1 else values[0]
+            index = [slice(None)] * values.ndim
+            index[axis] = slice(at + done, at + n)
+            rest = values if done == 0 else np.take(values, range(done, n), axis=axis)
+            writes.append((array, "setitem", (tuple(index), rest)))
     with zarr.config.set({"array.write_empty_chunks": True}):
-        for array, axis, values in plan:
-            n = values.shape[axis]
-            shape = list(array.shape)
-            shape[axis] = at + n
-            array.resize(tuple(shape))
-            done = _write_whole_chunks(store, array, axis, values, at)
-            if done < n:
-                index = [slice(None)] * values.ndim
-                index[axis] = slice(at + done, at + n)
-                array[tuple(index)] = np.take(values, range(done, n), axis=axis)
+        _gather(writes)
     return True
+
+
+def _gather(calls: list[tuple[Any, str, tuple[Any, ...]]]) -> None:
+    """Run ``array.<method>(*args)`` for every call concurrently, in one trip through
+    Zarr's event loop (its async arrays); one by one where that API is missing."""
+    if not calls:
+        return
+    try:
+        import asyncio
+
+        from zarr.core.sync import sync
+
+        coroutines = [getattr(array._async_array, method) for array, method, _a in calls]
+    except (ImportError, AttributeError):
+        for array, method, args in calls:
+            if method == "setitem":
+                array[args[0]] = args[1]
+            else:
+                getattr(array, method)(*args)
+        return
+
+    async def run() -> None:
+        await asyncio.gather(
+            *(call(*args) for call, (_a, _m, args) in zip(coroutines, calls, strict=True))
+        )
+
+    sync(run())
 
 
 def _empty(ds: xr.Dataset, dim: str) -> xr.Dataset:
@@ -816,35 +922,56 @@ def _plain_chunks(array: Any, axis: int) -> bool:
     )
 
 
-def _write_whole_chunks(store: Path, array: Any, axis: int, values: np.ndarray, at: int) -> int:
-    """Write the whole chunks of ``values`` (rows ``at ..`` along ``axis``) as the
-    chunk files Zarr writes for :func:`_plain_chunks` arrays (the Zarr v3 ``bytes``
-    and ``crc32c`` codecs: the chunk's bytes, then their CRC-32C, little-endian),
-    straight from the rows: no copy of the chunk and no trip through Zarr's
-    codec pipeline, the writer's largest cost besides the disk. Returns the rows
-    written: 0 unless ``at`` is on a chunk boundary and the array qualifies; the
-    rest is for Zarr (a partial chunk is padded to the chunk's shape, as Zarr does)."""
+def _count(values: np.ndarray | list[np.ndarray], axis: int) -> int:
+    """Rows along ``axis`` of an array or of consecutive blocks of rows."""
+    if isinstance(values, list):
+        return sum(int(v.shape[axis]) for v in values)
+    return int(values.shape[axis])
+
+
+def _write_whole_chunks(
+    store: Path, array: Any, axis: int, values: np.ndarray | list[np.ndarray], at: int
+) -> int:
+    """Write the whole chunks of ``values`` (rows ``at ..`` along ``axis``; an array,
+    or consecutive blocks of rows, e.g. the pieces of a flush) as the chunk files
+    Zarr writes for :func:`_plain_chunks` arrays (the Zarr v3 ``bytes`` and
+    ``crc32c`` codecs: the chunk's bytes, then their CRC-32C, little-endian),
+    straight from the rows: no joined copy of the pieces, no copy of the chunk and
+    no trip through Zarr's codec pipeline, the writer's largest costs besides the
+    disk. Returns the rows written: 0 unless ``at`` is on a chunk boundary and the
+    array qualifies; the rest is for Zarr (a partial chunk is padded to the
+    chunk's shape, as Zarr does)."""
     rows = int(array.chunks[axis])
-    whole = values.shape[axis] // rows
+    blocks = values if isinstance(values, list) else [values]
+    whole = _count(blocks, axis) // rows
     if at % rows or not whole or not _plain_chunks(array, axis):
         return 0
     import google_crc32c
 
-    values = np.ascontiguousarray(values, dtype=array.dtype)
-    lead = int(np.prod(values.shape[:axis], dtype=np.int64))
-    flat = values.reshape(lead, values.shape[axis], -1)  # C order: leading, rows, trailing
+    shape = blocks[0].shape
+    lead = int(np.prod(shape[:axis], dtype=np.int64))
+    flats, starts, offset = [], [], 0
+    for block in blocks:  # C order: leading dims, rows, trailing dims
+        block = np.ascontiguousarray(block, dtype=array.dtype)
+        flats.append(block.reshape(lead, block.shape[axis], -1))
+        starts.append(offset)
+        offset += block.shape[axis]
     folder = Path(store) / array.path / "c"
     for k in range(whole):
-        index = ["0"] * values.ndim
+        index = ["0"] * len(shape)
         index[axis] = str(at // rows + k)
         path = folder.joinpath(*index)
         path.parent.mkdir(parents=True, exist_ok=True)
+        lo, hi = k * rows, (k + 1) * rows
         crc = 0
         with open(path, "wb") as f:
             for i in range(lead):
-                segment = flat[i, k * rows : (k + 1) * rows]
-                crc = google_crc32c.extend(crc, segment)
-                f.write(segment)
+                for flat, begin in zip(flats, starts, strict=True):
+                    a, b = max(lo, begin), min(hi, begin + flat.shape[1])
+                    if a < b:
+                        segment = flat[i, a - begin : b - begin]
+                        crc = google_crc32c.extend(crc, segment)
+                        f.write(segment)
             f.write(np.uint32(crc).astype("<u4").tobytes())
     return whole * rows
 
