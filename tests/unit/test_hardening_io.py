@@ -272,6 +272,7 @@ def test_a_run_from_before_the_checksum_still_opens(clean_run, tmp_path, monkeyp
     from tokenfield import runs
 
     monkeypatch.setattr(runs.writer, "checksummed", lambda: (ZstdCodec(level=0, checksum=False),))
+    monkeypatch.setenv("TOKENFIELD_STORE_COMPRESSOR", "zstd")  # the states too, as then
     states, labels = clustered(n_per_category=3, n_time=4, n_feature=8)
     old = write_run(tmp_path / "old", trace_dataset(states, labels))
     meta = json.loads((old / "trajectory.zarr" / "states" / "zarr.json").read_text())

@@ -310,6 +310,7 @@ class RunWriter:
                 self._check_store_writable()
                 self._check_resume()
                 self._trim_to_progress()
+                self._align = self._store_align()
 
     def close(self) -> None:
         """Write pending pieces, release the writer lock (finish() does it too);
@@ -630,6 +631,26 @@ class RunWriter:
             self.info = info
         return pending[written:]
 
+    def _store_align(self) -> int | None:
+        """A resumed buffered store's rows per chunk, when all its larger variables
+        share them (see :meth:`_layout`); None otherwise."""
+        if self.flush_seconds <= 0 or not self.store.exists():
+            return None
+        import zarr
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                group = zarr.open_group(str(self.store), mode="r")
+                found = set()
+                for _name, array in group.arrays():
+                    dims = list(array.metadata.dimension_names or ())
+                    if self.append_dim in dims and len(dims) > 1:
+                        found.add(int(array.chunks[dims.index(self.append_dim)]))
+        except Exception:  # noqa: BLE001 - then every flush writes everything, as before
+            return None
+        return found.pop() if len(found) == 1 else None
+
     def _trim_store(self, size: int) -> None:
         """Cut every array growing along the append dimension back to ``size``."""
         import zarr
@@ -770,6 +791,11 @@ def _rows(
             index[axis] = slice(a - offset, b - offset)
             parts.append(values[tuple(index)])
         offset += n
+    if not parts:  # no rows (a retried write): none of the first piece's, for the shape
+        values = pieces[0].variables[name].transpose(*dims).values
+        index = [slice(None)] * values.ndim
+        index[axis] = slice(0, 0)
+        parts.append(values[tuple(index)])
     return dims, parts
 
 
@@ -804,13 +830,8 @@ def _write_at(
         dims = tuple(array.metadata.dimension_names)
         if name in rows:
             var_dims, parts = rows[name]
-            if var_dims != dims or not parts:
-                values = (
-                    np.concatenate(parts, axis=var_dims.index(dim))
-                    if parts
-                    else np.empty(0, dtype=array.dtype)
-                )
-                var = xr.Variable(var_dims, values)
+            if var_dims != dims:
+                var = xr.Variable(var_dims, np.concatenate(parts, axis=var_dims.index(dim)))
             else:
                 first = parts[0]
                 axis = dims.index(dim)
@@ -833,19 +854,15 @@ def _write_at(
         if any(size != values.shape[i] for i, size in enumerate(array.shape) if i != axis):
             return False  # another feature size, heads, k, ...
         plan.append((array, axis, values))
-    resizes, writes = [], []
+    resizes, writes, straight = [], [], []
     for array, axis, values in plan:
         n = _count(values, axis)
         shape = list(array.shape)
         shape[axis] = at + n
-        resizes.append((array, tuple(shape)))
-    # every array's metadata at once (one trip through Zarr's event loop, not one per
-    # array), then the whole chunks straight to their files, then the rest (partial
-    # chunks, sharded coordinates, strings) through Zarr, all arrays at once
-    _gather([(array, "resize", (shape,)) for array, shape in resizes])
-    for array, axis, values in plan:
-        n = _count(values, axis)
-        done = _write_whole_chunks(store, array, axis, values, at)
+        resizes.append((array, "resize", (tuple(shape),)))
+        done = _whole_rows(array, axis, n, at)
+        if done:
+            straight.append((array, axis, values))
         if done < n:
             if isinstance(values, list):
                 values = np.concatenate(values, axis=axis) if len(values) > 1 else values[0]
@@ -853,36 +870,55 @@ def _write_at(
             index[axis] = slice(at + done, at + n)
             rest = values if done == 0 else np.take(values, range(done, n), axis=axis)
             writes.append((array, "setitem", (tuple(index), rest)))
+    # Zarr's part (every array's new shape, then the partial chunks, the sharded
+    # coordinates, the strings: each step for all arrays at once, in one trip
+    # through Zarr's event loop) runs while this thread writes the whole chunks
+    # straight to their files (other files than Zarr's).
     with zarr.config.set({"array.write_empty_chunks": True}):
-        _gather(writes)
+        zarr_part = _gather([resizes, writes])
+        try:
+            for array, axis, values in straight:
+                _write_whole_chunks(store, array, axis, values, at)
+        finally:
+            zarr_part()
     return True
 
 
-def _gather(calls: list[tuple[Any, str, tuple[Any, ...]]]) -> None:
-    """Run ``array.<method>(*args)`` for every call concurrently, in one trip through
-    Zarr's event loop (its async arrays); one by one where that API is missing."""
-    if not calls:
-        return
+def _gather(steps: list[list[tuple[Any, str, tuple[Any, ...]]]]) -> Any:
+    """Start ``array.<method>(*args)`` for every call of each step, the calls of a
+    step concurrently and the steps one after the other, on Zarr's event loop (its
+    async arrays); return the function that waits for them (and raises their
+    error). Where that API is missing, everything is done here, one by one."""
     try:
         import asyncio
 
-        from zarr.core.sync import sync
+        from zarr.core.sync import _get_loop
 
-        coroutines = [getattr(array._async_array, method) for array, method, _a in calls]
+        bound = [[(getattr(a._async_array, m), args) for a, m, args in step] for step in steps]
+        loop = _get_loop()
     except (ImportError, AttributeError):
-        for array, method, args in calls:
-            if method == "setitem":
-                array[args[0]] = args[1]
-            else:
-                getattr(array, method)(*args)
-        return
+        for step in steps:
+            for array, method, args in step:
+                if method == "setitem":
+                    array[args[0]] = args[1]
+                else:
+                    getattr(array, method)(*args)
+        return lambda: None
 
     async def run() -> None:
-        await asyncio.gather(
-            *(call(*args) for call, (_a, _m, args) in zip(coroutines, calls, strict=True))
-        )
+        for step in bound:
+            await asyncio.gather(*(call(*args) for call, args in step))
 
-    sync(run())
+    future = asyncio.run_coroutine_threadsafe(run(), loop)
+    return future.result
+
+
+def _whole_rows(array: Any, axis: int, n: int, at: int) -> int:
+    """The rows of ``n`` written at ``at`` that :func:`_write_whole_chunks` writes."""
+    rows = int(array.chunks[axis])
+    if at % rows or n < rows or not _plain_chunks(array, axis):
+        return 0
+    return n // rows * rows
 
 
 def _empty(ds: xr.Dataset, dim: str) -> xr.Dataset:
@@ -943,8 +979,8 @@ def _write_whole_chunks(
     chunk's shape, as Zarr does)."""
     rows = int(array.chunks[axis])
     blocks = values if isinstance(values, list) else [values]
-    whole = _count(blocks, axis) // rows
-    if at % rows or not whole or not _plain_chunks(array, axis):
+    whole = _whole_rows(array, axis, _count(blocks, axis), at) // rows
+    if not whole:
         return 0
     import google_crc32c
 
@@ -972,7 +1008,7 @@ def _write_whole_chunks(
                         segment = flat[i, a - begin : b - begin]
                         crc = google_crc32c.extend(crc, segment)
                         f.write(segment)
-            f.write(np.uint32(crc).astype("<u4").tobytes())
+            f.write(np.array([crc], dtype="<u4").tobytes())  # little-endian on any host
     return whole * rows
 
 
