@@ -204,6 +204,7 @@ class RunWriter:
         # recorded size); see _write
         self._align: int | None = None
         self._written: int | None = None
+        self._arrays: dict[str, Any] = {}  # the store's open arrays (see _write_at)
         self.config = canonical_config(config)
         check_writable_dir(self.path)
         if self.path.exists() and not self.path.is_dir():
@@ -586,7 +587,7 @@ class RunWriter:
             else set()
         )
         merged = concat_pieces(pieces, dim, skip=straight)
-        with _write_errors(self.store), warnings.catch_warnings():
+        with self._forget_arrays_on_error(), _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if creating:
                 encoding = self._layout(merged, int(pieces[0].sizes[dim]))
@@ -602,12 +603,13 @@ class RunWriter:
                     encoding=encoding,
                 )
                 first_rows = merged.isel({dim: slice(0, stop - at)})
-                if not _write_at(self.store, first_rows, dim, 0):
+                self._arrays = {}
+                if not _write_at(self.store, first_rows, dim, 0, cache=self._arrays):
                     raise RuntimeError(f"'{self.store}' does not match the rows it was made for")
             else:
                 part = merged.isel({dim: slice(start - at, stop - at)})
                 rows = {name: _rows(pieces, name, dim, start - at, stop - at) for name in straight}
-                if not _write_at(self.store, part, dim, start, rows):
+                if not _write_at(self.store, part, dim, start, rows, cache=self._arrays):
                     self._trim_store(at)  # layouts differ: let xarray append (and complain)
                     stop = total
                     merged = concat_pieces(pieces, dim)
@@ -651,9 +653,20 @@ class RunWriter:
             return None
         return found.pop() if len(found) == 1 else None
 
+    @contextlib.contextmanager
+    def _forget_arrays_on_error(self):
+        """A write that fails leaves the cached arrays (see _write_at) to be opened again."""
+        try:
+            yield
+        except BaseException:
+            self._arrays = {}
+            raise
+
     def _trim_store(self, size: int) -> None:
         """Cut every array growing along the append dimension back to ``size``."""
         import zarr
+
+        self._arrays = {}
 
         group = zarr.open_group(str(self.store), mode="r+")
         for name in group.array_keys():
@@ -805,19 +818,27 @@ def _write_at(
     dim: str,
     at: int,
     rows: Mapping[str, tuple[tuple[str, ...], list[np.ndarray]]] | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> bool:
     """Write ``merged``'s rows at ``at .. at + n`` of the existing arrays along
     ``dim`` (each resized to ``at + n``) with plain Zarr writes: no re-reading of
     the store's data, a cost independent of its size. ``rows``: more variables,
     each as its dims and consecutive blocks of its rows (:func:`_rows`), not
-    joined. False (nothing written) when the store's arrays do not match the
-    variables one to one."""
+    joined. ``cache``: the store's arrays as opened by an earlier call (filled when
+    empty), so that a flush does not read every array's metadata again; only its
+    writer changes the store meanwhile (it holds the lock). False (nothing written)
+    when the store's arrays do not match the variables one to one."""
     rows = dict(rows or {})
     import zarr
 
-    with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
-        group = zarr.open_group(str(store), mode="r+")
-        arrays = {name: group[name] for name in group.array_keys()}
+    if cache:
+        arrays = dict(cache)
+    else:
+        with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
+            group = zarr.open_group(str(store), mode="r+")
+            arrays = {name: group[name] for name in group.array_keys()}
+        if cache is not None:
+            cache.update(arrays)
     growing = {
         name for name, array in arrays.items() if dim in (array.metadata.dimension_names or ())
     }
