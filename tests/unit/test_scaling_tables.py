@@ -28,3 +28,18 @@ def test_a_changed_measurement_is_caught(tmp_path, capsys):
     path.write_text(json.dumps(result))
     assert script.main(["--check", "--data", str(data)]) == 1
     assert "4.00 s" in capsys.readouterr().err
+
+
+def test_a_changed_writer_measurement_is_caught(tmp_path, capsys):
+    import json
+    import shutil
+
+    script = load_script()
+    data = tmp_path / "scale"
+    shutil.copytree(ROOT / "docs" / "data" / "scale", data)
+    path = data / "cpu2-writer.json"
+    result = json.loads(path.read_text())
+    result["ratio_median"] = 0.93  # a writer that got faster
+    path.write_text(json.dumps(result))
+    assert script.main(["--check", "--data", str(data)]) == 1
+    assert "0.93x" in capsys.readouterr().err

@@ -14,12 +14,13 @@ A run is a directory::
 Writes are streamed and resumable. :class:`RunWriter` appends pieces along a
 growing dimension (``particle`` for traces, ``time`` for simulations) and then
 records progress in ``run.json`` with an atomic rename. With ``flush_seconds``
-it keeps pieces in memory and writes them together (one Zarr write per array
-and one ``run.json`` per flush, at the recorded size, so the cost of a flush does
-not grow with what is already stored). A process killed between the two leaves
-extra rows in the Zarr store (or loses the pieces not yet flushed); on resume
-they are trimmed back to what ``run.json`` recorded, so every unit of work lands
-exactly once.
+it keeps pieces in memory and writes them together (one write per array and one
+``run.json`` per flush, from where the last write ended, so the cost of a flush
+does not grow with what is already stored; a flush for the bytes held writes
+whole chunks only and keeps the rest for the next one). A process killed between
+the two leaves extra rows in the Zarr store (or loses the pieces not yet
+flushed); on resume they are trimmed back to what ``run.json`` recorded, so every
+unit of work lands exactly once.
 
 The package: ``layout`` (file names), ``info`` (run.json), ``read`` (open_run and
 the store checks), ``writer`` (RunWriter).

@@ -168,6 +168,15 @@ def check_baseline(run: str | Path, baseline: str | Path) -> None:
         raise UserError(f"baseline '{baseline}' holds {what} than '{run}'", fix)
 
 
+def _chunk_files(array: Any) -> tuple[int, int]:
+    """The chunk files an array should have and those stored: for a sharded array
+    (a buffered run's coordinates) its shards, one file each (zarr's
+    ``nchunks_initialized`` counts inner chunks there)."""
+    if getattr(array, "shards", None) is None:
+        return int(array.nchunks), int(array.nchunks_initialized)
+    return int(array._nshards), int(array._nshards_initialized)
+
+
 def check_chunks(path: str | Path) -> None:
     """Raise :class:`UserError` when a chunk file of the run's store is missing
     (a deleted chunk would otherwise read back as NaN, silently)."""
@@ -179,10 +188,11 @@ def check_chunks(path: str | Path) -> None:
             warnings.simplefilter("ignore")
             group = zarr.open_group(str(store), mode="r")
             for name, array in group.arrays():
-                missing = array.nchunks - array.nchunks_initialized
+                files, stored = _chunk_files(array)
+                missing = files - stored
                 if missing:
                     raise UserError(
-                        f"run '{path}' is damaged: {missing} of the {array.nchunks} chunk "
+                        f"run '{path}' is damaged: {missing} of the {files} chunk "
                         f"files of '{name}' in {TRAJECTORY} are missing",
                         "re-create the run with the same command and --overwrite",
                     )

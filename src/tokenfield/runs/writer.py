@@ -86,7 +86,31 @@ def check_writable_dir(path: Path) -> None:
 # rows per chunk of a buffered run's 1-D coordinates along its growing dimension
 COORD_CHUNK = 1 << 16
 # bytes per chunk of a buffered run's larger variables (e.g. a trace's states)
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 32 << 20
+# How float arrays are stored: "none" (the default: raw little-endian bytes and a
+# CRC-32C checksum per chunk) or "zstd" (Zstandard level 0 with its frame checksum,
+# the former default). Float states barely compress (measured: 1.08x on synthetic
+# states, 1.10x on SmolLM2's), and compressing them was most of the writer's time.
+COMPRESSORS = ("none", "zstd")
+COMPRESSOR_ENV = "TOKENFIELD_STORE_COMPRESSOR"
+
+
+def store_compressor(value: str | None = None) -> str:
+    """``value``, or the ``TOKENFIELD_STORE_COMPRESSOR`` environment variable, or
+    ``"none"``; checked against :data:`COMPRESSORS`.
+
+    Raises:
+        UserError: an unknown compressor.
+    """
+    source = "compressor"
+    if value is None:
+        value, source = os.environ.get(COMPRESSOR_ENV, "").strip() or "none", COMPRESSOR_ENV
+    if value not in COMPRESSORS:
+        raise UserError(
+            f"{source}={value!r} is not a store compressor",
+            f"use one of: {', '.join(COMPRESSORS)}",
+        )
+    return value
 
 
 class RunWriter:
@@ -120,6 +144,13 @@ class RunWriter:
             time; at most ``flush_bytes`` more wait in memory meanwhile). An
             error of that write is raised by the next :meth:`append`,
             :meth:`flush` or :meth:`finish`.
+        compressor: how float arrays are stored when the store is created:
+            ``"none"`` (raw bytes with a CRC-32C checksum per chunk, the
+            default) or ``"zstd"`` (Zstandard with its frame checksum); default:
+            the ``TOKENFIELD_STORE_COMPRESSOR`` environment variable, else
+            ``"none"``. Either reads back bit-identical, with plain
+            ``xarray.open_zarr``; other dtypes (strings, integers) are always
+            Zstandard-compressed.
 
     The writer holds the directory's lock (:mod:`tokenfield._lock`) from
     construction until :meth:`finish` or :meth:`close`; a second writer fails
@@ -153,8 +184,10 @@ class RunWriter:
         flush_bytes: int = 64 << 20,
         flush_pieces: int = 64,
         background: bool = False,
+        compressor: str | None = None,
     ):
         self.path = Path(path)
+        self.compressor = store_compressor(compressor)
         self._executor: ThreadPoolExecutor | None = None
         self._writing: Future[None] | None = None
         self._inflight: list[tuple[xr.Dataset, int, dict[str, Any]]] = []  # what it writes
@@ -166,6 +199,12 @@ class RunWriter:
         self._pending: list[tuple[xr.Dataset, int, dict[str, Any]]] = []
         self._pending_bytes = 0
         self._last_flush = time.monotonic()
+        # rows per chunk of the store's larger variables (a buffered writer's; None:
+        # unknown, e.g. a resumed store) and the rows written so far (None: the
+        # recorded size); see _write
+        self._align: int | None = None
+        self._written: int | None = None
+        self._arrays: dict[str, Any] = {}  # the store's open arrays (see _write_at)
         self.config = canonical_config(config)
         check_writable_dir(self.path)
         if self.path.exists() and not self.path.is_dir():
@@ -272,6 +311,7 @@ class RunWriter:
                 self._check_store_writable()
                 self._check_resume()
                 self._trim_to_progress()
+                self._align = self._store_align()
 
     def close(self) -> None:
         """Write pending pieces, release the writer lock (finish() does it too);
@@ -400,14 +440,18 @@ class RunWriter:
         piece.attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": self.info.kind}
         self._pending.append((piece, int(done), progress))
         self._pending_bytes += int(piece.nbytes)
+        full = self._pending_bytes >= self.flush_bytes
         if (
             self.flush_seconds <= 0
-            or self._pending_bytes >= self.flush_bytes
+            or full
             or len(self._pending) >= self.flush_pieces
             or time.monotonic() - self._last_flush >= self.flush_seconds
         ):
+            # A flush for the bytes held writes whole chunks only (see _write);
+            # one for the time or the number of pieces writes everything.
+            whole = not full
             if not self.background:
-                self.flush()
+                self._flush(whole)
                 return
             self._wait()  # one write at a time, and its error (if any) raised here
             pending, self._pending, self._pending_bytes = self._pending, [], 0
@@ -415,7 +459,7 @@ class RunWriter:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenfield-writer")
             self._inflight = pending
-            self._writing = self._executor.submit(self._write, pending)
+            self._writing = self._executor.submit(self._write, pending, whole)
 
     def _wait(self) -> None:
         """Wait for the background write, if one runs; raise its error.
@@ -424,16 +468,21 @@ class RunWriter:
         waiting leaves it to :meth:`close`, which waits again before it writes
         anything else (two writes at once would both write at the same
         recorded size). A failed write's pieces go back in front of the
-        pending ones, so that nothing after them is recorded without them."""
+        pending ones, so that nothing after them is recorded without them; so
+        do the pieces a write held back (not yet recorded)."""
         writing = self._writing
         if writing is None:
             return
         try:
-            writing.result()
+            held = writing.result()
         except Exception:
             self._pending = self._inflight + self._pending
             self._pending_bytes += sum(int(piece.nbytes) for piece, _d, _p in self._inflight)
             raise
+        else:
+            if held:
+                self._pending = list(held) + self._pending
+                self._pending_bytes += sum(int(piece.nbytes) for piece, _d, _p in held)
         finally:
             if writing.done():
                 self._writing, self._inflight = None, []
@@ -441,69 +490,183 @@ class RunWriter:
     def flush(self) -> None:
         """Write the pending pieces at the recorded size, then record the progress
         (after any background write)."""
+        self._flush(whole=True)
+
+    def _flush(self, whole: bool) -> None:
         self._wait()
-        self._write(self._pending)  # kept until written: close() retries an interrupted one
-        self._pending, self._pending_bytes = [], 0
+        # kept until written: close() retries an interrupted one
+        held = self._write(self._pending, whole)
+        self._pending = held
+        self._pending_bytes = sum(int(piece.nbytes) for piece, _d, _p in held)
         self._last_flush = time.monotonic()
 
-    def _write(self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]]) -> None:
+    def _layout(self, merged: xr.Dataset, first: int) -> dict[str, dict[str, Any]]:
+        """The encoding of a new store (codecs and chunks), and :attr:`_align`.
+
+        A buffered writer (few, large writes) keeps its 1-D coordinates (tokens,
+        prompts, ...) in long chunks: a few files to read back instead of one per
+        piece. Its larger variables share one number of rows per chunk, about
+        CHUNK_BYTES of the largest (but no more than this first write holds, so
+        a small run is one chunk, not a padded one), so that a write of whole
+        chunks of one is whole chunks of all: Zarr then writes each chunk's
+        bytes without reading anything back (see _write). An unbuffered writer
+        keeps one piece (``first`` rows) per chunk, as before."""
+        dim = self.append_dim
+        encoding = store_encoding(merged, self.compressor)
+        growing = [var for var in merged.variables.values() if dim in var.dims]
+        rows_now = int(merged.sizes[dim])
+        self._align = None
+        if self.flush_seconds > 0:
+            row_bytes = max(
+                (v.dtype.itemsize * v.size // max(1, rows_now) for v in growing if v.ndim > 1),
+                default=0,
+            )
+            if row_bytes:
+                self._align = max(1, min(rows_now, CHUNK_BYTES // row_bytes))
+
+        def rows(var: xr.Variable) -> int:
+            if self._align is None and self.flush_seconds <= 0:
+                return first
+            if var.ndim == 1 and self._align is None:
+                return max(first, COORD_CHUNK)
+            return self._align or first
+
+        for name, var in merged.variables.items():
+            if dim not in var.dims:
+                continue
+            encoding[name]["chunks"] = tuple(
+                rows(var) if d == dim else size for d, size in zip(var.dims, var.shape, strict=True)
+            )
+            if var.ndim == 1 and self._align is not None:
+                # a coordinate's chunks of _align rows, in shards of about
+                # COORD_CHUNK rows (few files): a write of whole chunks encodes
+                # only its own rows (a long plain chunk was read, decoded and
+                # encoded again at every flush: most of the writer's time on
+                # string coordinates)
+                encoding[name]["shards"] = (-(-COORD_CHUNK // self._align) * self._align,)
+        return encoding
+
+    def _write(
+        self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]], whole: bool = True
+    ) -> list[tuple[xr.Dataset, int, dict[str, Any]]]:
+        """Write ``pending`` from the recorded size on, then record the progress of
+        the last piece written in full; return the pieces held back.
+
+        With ``whole`` everything is written. Without, a buffered writer writes
+        only up to the last boundary of its chunks (:attr:`_align` rows), so that
+        every chunk is written once and in full (never read back and merged);
+        the rows after it stay in memory with their pieces, which are written
+        (from that boundary) by the next flush. Rows written beyond the
+        recorded size are rows of pieces not yet recorded: a kill leaves them to
+        the resume's trim."""
         if not pending:
-            return
+            return []
+        dim = self.append_dim
         pieces = [piece for piece, _done, _progress in pending]
-        _piece, done, progress = pending[-1]
-        merged = concat_pieces(pieces, self.append_dim)
         at = int(self.info.progress.get("size", 0))
-        with _write_errors(self.store), warnings.catch_warnings():
+        ends = list(np.cumsum([int(piece.sizes[dim]) for piece in pieces]) + at)
+        total = int(ends[-1])
+        creating = not self.store.exists() or (at == 0 and self._written is None)
+        start = at if creating or self._written is None else self._written
+        if not at <= start <= total:
+            start = at
+        stop = total
+        if not whole and self._align and not creating:
+            stop = total // self._align * self._align
+            if stop <= start:
+                return pending  # no whole chunk yet
+        # Large float variables (the states) are not joined into one array when
+        # appending: their whole chunks go to disk straight from the pieces.
+        straight = (
+            {
+                name
+                for name, var in pieces[0].data_vars.items()
+                if dim in var.dims and var.ndim > 1 and var.dtype.kind == "f"
+            }
+            if not creating and self._align
+            else set()
+        )
+        merged = concat_pieces(pieces, dim, skip=straight)
+        with self._forget_arrays_on_error(), _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if at == 0 or not self.store.exists():
-                chunk = int(pieces[0].sizes[self.append_dim])  # one piece per chunk, as before
-                buffered = self.flush_seconds > 0
-                # Buffered writers (few, large writes) keep 1-D coordinates (tokens,
-                # prompts, ...) in long chunks: a few files to read back instead of
-                # one per piece; each write rewrites at most one partial chunk. Their
-                # large variables get chunks of about CHUNK_BYTES, which Zarr encodes
-                # and writes fastest (measured: 590 MB/s at 4 MB, 300 MB/s at 40 MB).
-
-                def rows(var: xr.Variable) -> int:
-                    if not buffered:
-                        return chunk
-                    if var.ndim == 1:
-                        return max(chunk, COORD_CHUNK)
-                    row_bytes = var.dtype.itemsize * var.size // max(1, var.sizes[self.append_dim])
-                    return max(1, min(chunk, CHUNK_BYTES // max(1, row_bytes)))
-
-                encoding = store_encoding(merged)
-                for name, var in merged.variables.items():
-                    if self.append_dim in var.dims:
-                        encoding[name]["chunks"] = tuple(
-                            rows(var) if dim == self.append_dim else size
-                            for dim, size in zip(var.dims, var.shape, strict=True)
-                        )
-                merged.to_zarr(
+            if creating:
+                encoding = self._layout(merged, int(pieces[0].sizes[dim]))
+                if not whole and self._align:  # at least one chunk: align <= these rows
+                    stop = total // self._align * self._align
+                # the arrays are created empty, then filled as every later write is
+                # (whole chunk files written straight from the rows, see _write_at)
+                _empty(merged, dim).to_zarr(
                     self.store,
                     mode="w",
                     consolidated=False,
                     write_empty_chunks=True,
                     encoding=encoding,
                 )
-            elif not _write_at(self.store, merged, self.append_dim, at):
-                self._trim_store(at)  # layouts differ: let xarray append (and complain)
-                merged.to_zarr(
-                    self.store,
-                    append_dim=self.append_dim,
-                    consolidated=False,
-                    write_empty_chunks=True,
-                )
-        size = at + int(merged.sizes[self.append_dim])
-        keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
-        # recorded only once run.json says so: an interrupted record is written again
-        info = replace(self.info, progress={**progress, **keep, "done": int(done), "size": size})
-        write_json_atomic(self.path / RUN_JSON, info.to_dict())
-        self.info = info
+                first_rows = merged.isel({dim: slice(0, stop - at)})
+                self._arrays = {}
+                if not _write_at(self.store, first_rows, dim, 0, cache=self._arrays):
+                    raise RuntimeError(f"'{self.store}' does not match the rows it was made for")
+            else:
+                part = merged.isel({dim: slice(start - at, stop - at)})
+                rows = {name: _rows(pieces, name, dim, start - at, stop - at) for name in straight}
+                if not _write_at(self.store, part, dim, start, rows, cache=self._arrays):
+                    self._trim_store(at)  # layouts differ: let xarray append (and complain)
+                    stop = total
+                    merged = concat_pieces(pieces, dim)
+                    merged.to_zarr(
+                        self.store,
+                        append_dim=dim,
+                        consolidated=False,
+                        write_empty_chunks=True,
+                    )
+        self._written = stop
+        written = sum(1 for end in ends if end <= stop)
+        if written:
+            _piece, done, progress = pending[written - 1]
+            keep = {"batch_size": self.batch_size} if self.batch_size is not None else {}
+            size = int(ends[written - 1])
+            # recorded only once run.json says so: an interrupted record is written again
+            info = replace(
+                self.info, progress={**progress, **keep, "done": int(done), "size": size}
+            )
+            write_json_atomic(self.path / RUN_JSON, info.to_dict())
+            self.info = info
+        return pending[written:]
+
+    def _store_align(self) -> int | None:
+        """A resumed buffered store's rows per chunk, when all its larger variables
+        share them (see :meth:`_layout`); None otherwise."""
+        if self.flush_seconds <= 0 or not self.store.exists():
+            return None
+        import zarr
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                group = zarr.open_group(str(self.store), mode="r")
+                found = set()
+                for _name, array in group.arrays():
+                    dims = list(array.metadata.dimension_names or ())
+                    if self.append_dim in dims and len(dims) > 1:
+                        found.add(int(array.chunks[dims.index(self.append_dim)]))
+        except Exception:  # noqa: BLE001 - then every flush writes everything, as before
+            return None
+        return found.pop() if len(found) == 1 else None
+
+    @contextlib.contextmanager
+    def _forget_arrays_on_error(self):
+        """A write that fails leaves the cached arrays (see _write_at) to be opened again."""
+        try:
+            yield
+        except BaseException:
+            self._arrays = {}
+            raise
 
     def _trim_store(self, size: int) -> None:
         """Cut every array growing along the append dimension back to ``size``."""
         import zarr
+
+        self._arrays = {}
 
         group = zarr.open_group(str(self.store), mode="r+")
         for name in group.array_keys():
@@ -526,7 +689,7 @@ class RunWriter:
                 mode="a",
                 consolidated=False,
                 write_empty_chunks=True,
-                encoding=store_encoding(variables),
+                encoding=store_encoding(variables, self.compressor),
             )
         if self.complete:
             self._consolidate()
@@ -576,17 +739,38 @@ def checksummed() -> tuple[Any, ...]:
     return (ZstdCodec(level=0, checksum=True),)
 
 
-def store_encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
-    """Zarr encoding for every variable of ``ds`` (its compressors; see
-    :func:`checksummed`), to pass to ``to_zarr`` when the arrays are created."""
-    return {name: {"compressors": checksummed()} for name in ds.variables}
+def float_codecs(compressor: str = "none") -> tuple[Any, ...]:
+    """The bytes-to-bytes codecs of a float array (see :data:`COMPRESSORS`): a
+    CRC-32C checksum of each chunk (``"none"``; a standard Zarr v3 codec, checked
+    on every read) or :func:`checksummed` (``"zstd"``)."""
+    if store_compressor(compressor) == "zstd":
+        return checksummed()
+    from zarr.codecs import Crc32cCodec
+
+    return (Crc32cCodec(),)
 
 
-def concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:
+def store_encoding(ds: xr.Dataset, compressor: str | None = None) -> dict[str, dict[str, Any]]:
+    """Zarr encoding for every variable of ``ds``, to pass to ``to_zarr`` when the
+    arrays are created: every chunk checksummed; float variables stored as
+    ``compressor`` says (:func:`float_codecs`), the others with :func:`checksummed`."""
+    compressor = store_compressor(compressor)
+    return {
+        name: {"compressors": float_codecs(compressor) if var.dtype.kind == "f" else checksummed()}
+        for name, var in ds.variables.items()
+    }
+
+
+def concat_pieces(
+    pieces: list[xr.Dataset], dim: str, skip: set[str] | frozenset[str] = frozenset()
+) -> xr.Dataset:
     """Pieces of one layout joined along ``dim``: numpy concatenation of every
     variable that has ``dim``, the others taken from the first piece (they are
-    the same in every piece: times, sites, blocks)."""
+    the same in every piece: times, sites, blocks). The data variables named in
+    ``skip`` are left out."""
     first = pieces[0]
+    if skip:
+        first = first.drop_vars(sorted(skip))
     if len(pieces) == 1:
         return first
 
@@ -603,26 +787,84 @@ def concat_pieces(pieces: list[xr.Dataset], dim: str) -> xr.Dataset:
     return xr.Dataset(data_vars, coords=coords, attrs=first.attrs)
 
 
-def _write_at(store: Path, merged: xr.Dataset, dim: str, at: int) -> bool:
+def _rows(
+    pieces: list[xr.Dataset], name: str, dim: str, lo: int, hi: int
+) -> tuple[tuple[str, ...], list[np.ndarray]]:
+    """Rows ``lo .. hi`` (counted over the joined pieces) of variable ``name``: its
+    dims and the pieces' arrays cut to those rows (views, nothing copied)."""
+    dims = tuple(pieces[0].variables[name].dims)
+    axis = dims.index(dim)
+    parts, offset = [], 0
+    for piece in pieces:
+        values = piece.variables[name].transpose(*dims).values
+        n = values.shape[axis]
+        a, b = max(lo, offset), min(hi, offset + n)
+        if a < b:
+            index = [slice(None)] * values.ndim
+            index[axis] = slice(a - offset, b - offset)
+            parts.append(values[tuple(index)])
+        offset += n
+    if not parts:  # no rows (a retried write): none of the first piece's, for the shape
+        values = pieces[0].variables[name].transpose(*dims).values
+        index = [slice(None)] * values.ndim
+        index[axis] = slice(0, 0)
+        parts.append(values[tuple(index)])
+    return dims, parts
+
+
+def _write_at(
+    store: Path,
+    merged: xr.Dataset,
+    dim: str,
+    at: int,
+    rows: Mapping[str, tuple[tuple[str, ...], list[np.ndarray]]] | None = None,
+    cache: dict[str, Any] | None = None,
+) -> bool:
     """Write ``merged``'s rows at ``at .. at + n`` of the existing arrays along
     ``dim`` (each resized to ``at + n``) with plain Zarr writes: no re-reading of
-    the store's data, a cost independent of its size. False (nothing written)
-    when the store's arrays do not match the merged variables one to one."""
+    the store's data, a cost independent of its size. ``rows``: more variables,
+    each as its dims and consecutive blocks of its rows (:func:`_rows`), not
+    joined. ``cache``: the store's arrays as opened by an earlier call (filled when
+    empty), so that a flush does not read every array's metadata again; only its
+    writer changes the store meanwhile (it holds the lock). False (nothing written)
+    when the store's arrays do not match the variables one to one."""
+    rows = dict(rows or {})
     import zarr
 
-    with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
-        group = zarr.open_group(str(store), mode="r+")
-        arrays = {name: group[name] for name in group.array_keys()}
+    if cache:
+        arrays = dict(cache)
+    else:
+        with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
+            group = zarr.open_group(str(store), mode="r+")
+            arrays = {name: group[name] for name in group.array_keys()}
+        if cache is not None:
+            cache.update(arrays)
     growing = {
         name for name, array in arrays.items() if dim in (array.metadata.dimension_names or ())
     }
-    wanted = {name for name, var in merged.variables.items() if dim in var.dims}
+    wanted = {name for name, var in merged.variables.items() if dim in var.dims} | set(rows)
     if growing != wanted:
         return False
-    plan = []
+    plan: list[tuple[Any, int, Any]] = []
     for name in sorted(wanted):
-        array, var = arrays[name], merged.variables[name]
+        array = arrays[name]
         dims = tuple(array.metadata.dimension_names)
+        if name in rows:
+            var_dims, parts = rows[name]
+            if var_dims != dims:
+                var = xr.Variable(var_dims, np.concatenate(parts, axis=var_dims.index(dim)))
+            else:
+                first = parts[0]
+                axis = dims.index(dim)
+                same = all(p.dtype == array.dtype for p in parts) and all(
+                    size == first.shape[i] for i, size in enumerate(array.shape) if i != axis
+                )
+                if not same:
+                    return False
+                plan.append((array, axis, parts))
+                continue
+        else:
+            var = merged.variables[name]
         if set(dims) != set(var.dims) or len(dims) != var.ndim:
             return False
         values = var.transpose(*dims).values
@@ -633,16 +875,162 @@ def _write_at(store: Path, merged: xr.Dataset, dim: str, at: int) -> bool:
         if any(size != values.shape[i] for i, size in enumerate(array.shape) if i != axis):
             return False  # another feature size, heads, k, ...
         plan.append((array, axis, values))
-    with zarr.config.set({"array.write_empty_chunks": True}):
-        for array, axis, values in plan:
-            n = values.shape[axis]
-            shape = list(array.shape)
-            shape[axis] = at + n
-            array.resize(tuple(shape))
+    resizes, writes, straight = [], [], []
+    for array, axis, values in plan:
+        n = _count(values, axis)
+        shape = list(array.shape)
+        shape[axis] = at + n
+        resizes.append((array, "resize", (tuple(shape),)))
+        done = _whole_rows(array, axis, n, at)
+        if done:
+            straight.append((array, axis, values))
+        if done < n:
+            if isinstance(values, list):
+                values = np.concatenate(values, axis=axis) if len(values) > 1 else values[0]
             index = [slice(None)] * values.ndim
-            index[axis] = slice(at, at + n)
-            array[tuple(index)] = values
+            index[axis] = slice(at + done, at + n)
+            rest = values if done == 0 else np.take(values, range(done, n), axis=axis)
+            writes.append((array, "setitem", (tuple(index), rest)))
+    # Zarr's part (every array's new shape, then the partial chunks, the sharded
+    # coordinates, the strings: each step for all arrays at once, in one trip
+    # through Zarr's event loop) runs while this thread writes the whole chunks
+    # straight to their files (other files than Zarr's).
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        zarr_part = _gather([resizes, writes])
+        try:
+            for array, axis, values in straight:
+                _write_whole_chunks(store, array, axis, values, at)
+        finally:
+            zarr_part()
     return True
+
+
+def _gather(steps: list[list[tuple[Any, str, tuple[Any, ...]]]]) -> Any:
+    """Start ``array.<method>(*args)`` for every call of each step, the calls of a
+    step concurrently and the steps one after the other, on Zarr's event loop (its
+    async arrays); return the function that waits for them (and raises their
+    error). Where that API is missing, everything is done here, one by one."""
+    try:
+        import asyncio
+
+        from zarr.core.sync import _get_loop
+
+        bound = [[(getattr(a._async_array, m), args) for a, m, args in step] for step in steps]
+        loop = _get_loop()
+    except (ImportError, AttributeError):
+        for step in steps:
+            for array, method, args in step:
+                if method == "setitem":
+                    array[args[0]] = args[1]
+                else:
+                    getattr(array, method)(*args)
+        return lambda: None
+
+    async def run() -> None:
+        for step in bound:
+            await asyncio.gather(*(call(*args) for call, args in step))
+
+    future = asyncio.run_coroutine_threadsafe(run(), loop)
+    return future.result
+
+
+def _whole_rows(array: Any, axis: int, n: int, at: int) -> int:
+    """The rows of ``n`` written at ``at`` that :func:`_write_whole_chunks` writes."""
+    rows = int(array.chunks[axis])
+    if at % rows or n < rows or not _plain_chunks(array, axis):
+        return 0
+    return n // rows * rows
+
+
+def _empty(ds: xr.Dataset, dim: str) -> xr.Dataset:
+    """``ds`` with no rows along ``dim``; its strings kept strings (an empty object
+    array would be stored as floats)."""
+    empty = ds.isel({dim: slice(0, 0)})
+    for name, var in empty.variables.items():
+        if var.dtype == object and dim in var.dims:
+            strings = np.empty(var.shape, dtype=np.dtypes.StringDType())
+            empty[name] = xr.Variable(var.dims, strings, var.attrs)
+    return empty
+
+
+def _plain_chunks(array: Any, axis: int) -> bool:
+    """Whether ``array``'s chunk files are its raw little-endian C-order bytes and
+    a CRC-32C (codecs ``bytes``, ``crc32c``; no sharding), one chunk across every
+    axis but ``axis``, under the default ``c/i/j/k`` keys: then a whole chunk's file
+    can be written straight from the rows (:func:`_write_whole_chunks`)."""
+    meta = array.metadata.to_dict()
+    codecs = [c.get("name") for c in meta.get("codecs", ())]
+    bytes_codec = (meta.get("codecs") or [{}])[0]
+    keys = meta.get("chunk_key_encoding", {})
+    grid = meta.get("chunk_grid", {})
+    return (
+        codecs == ["bytes", "crc32c"]
+        and (bytes_codec.get("configuration") or {}).get("endian", "little") == "little"
+        and keys.get("name") == "default"
+        and (keys.get("configuration") or {}).get("separator", "/") == "/"
+        and grid.get("name") == "regular"
+        and array.dtype.kind in "fiub"
+        and (array.dtype.itemsize == 1 or array.dtype.byteorder in "<=")
+        and all(
+            c == s
+            for i, (c, s) in enumerate(zip(array.chunks, array.shape, strict=True))
+            if i != axis
+        )
+    )
+
+
+def _count(values: np.ndarray | list[np.ndarray], axis: int) -> int:
+    """Rows along ``axis`` of an array or of consecutive blocks of rows."""
+    if isinstance(values, list):
+        return sum(int(v.shape[axis]) for v in values)
+    return int(values.shape[axis])
+
+
+def _write_whole_chunks(
+    store: Path, array: Any, axis: int, values: np.ndarray | list[np.ndarray], at: int
+) -> int:
+    """Write the whole chunks of ``values`` (rows ``at ..`` along ``axis``; an array,
+    or consecutive blocks of rows, e.g. the pieces of a flush) as the chunk files
+    Zarr writes for :func:`_plain_chunks` arrays (the Zarr v3 ``bytes`` and
+    ``crc32c`` codecs: the chunk's bytes, then their CRC-32C, little-endian),
+    straight from the rows: no joined copy of the pieces, no copy of the chunk and
+    no trip through Zarr's codec pipeline, the writer's largest costs besides the
+    disk. Returns the rows written: 0 unless ``at`` is on a chunk boundary and the
+    array qualifies; the rest is for Zarr (a partial chunk is padded to the
+    chunk's shape, as Zarr does)."""
+    rows = int(array.chunks[axis])
+    blocks = values if isinstance(values, list) else [values]
+    whole = _whole_rows(array, axis, _count(blocks, axis), at) // rows
+    if not whole:
+        return 0
+    import google_crc32c
+
+    shape = blocks[0].shape
+    lead = int(np.prod(shape[:axis], dtype=np.int64))
+    flats, starts, offset = [], [], 0
+    for block in blocks:  # C order: leading dims, rows, trailing dims
+        block = np.ascontiguousarray(block, dtype=array.dtype)
+        flats.append(block.reshape(lead, block.shape[axis], -1))
+        starts.append(offset)
+        offset += block.shape[axis]
+    folder = Path(store) / array.path / "c"
+    for k in range(whole):
+        index = ["0"] * len(shape)
+        index[axis] = str(at // rows + k)
+        path = folder.joinpath(*index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lo, hi = k * rows, (k + 1) * rows
+        crc = 0
+        with open(path, "wb") as f:
+            for i in range(lead):
+                for flat, begin in zip(flats, starts, strict=True):
+                    a, b = max(lo, begin), min(hi, begin + flat.shape[1])
+                    if a < b:
+                        segment = flat[i, a - begin : b - begin]
+                        crc = google_crc32c.extend(crc, segment)
+                        f.write(segment)
+            f.write(np.array([crc], dtype="<u4").tobytes())  # little-endian on any host
+    return whole * rows
 
 
 @contextlib.contextmanager

@@ -1,0 +1,200 @@
+"""The store writer of issue 25: float states uncompressed with a CRC-32C, whole chunks
+written straight from the rows, rows held back to a chunk boundary. What it writes
+must read back bit-identical (plain xarray too) to what the former writer wrote, and
+a write killed half-way must resume to the uninterrupted result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from tokenfield import runs
+from tokenfield.errors import UserError
+from tokenfield.runs import RunWriter, open_run, read_run_info
+
+LAYERS, D = 3, 8
+
+
+def trace_piece(start: int, n: int) -> xr.Dataset:
+    prompt = [int(x) for x in STARTS].index(start) if start in STARTS else 0
+    """Trace-shaped rows of one prompt: float32 states (NaN and -0.0 included:
+    compared by bits), a 2-D float, strings, bools and ints along ``particle``."""
+    rng = np.random.default_rng(start)
+    states = rng.standard_normal((LAYERS, n, D)).astype(np.float32)
+    states[0, 0, 0] = np.nan
+    states[-1, -1, -1] = -0.0
+    return xr.Dataset(
+        {
+            "states": (("time", "particle", "feature"), states),
+            "final_norm_states": (("particle", "feature"), states[-1] * 2),
+        },
+        coords={
+            "time": np.arange(LAYERS),
+            "particle": np.arange(start, start + n),
+            "prompt_index": ("particle", np.full(n, prompt)),
+            "prompt": ("particle", runs.strings(f"prompt {prompt}" for _ in range(n))),
+            "is_last": ("particle", np.arange(n) == n - 1),
+        },
+    )
+
+
+SIZES = [5, 3, 6, 2, 7, 4, 5]
+STARTS = list(np.cumsum([0, *SIZES[:-1]]))
+
+
+def small_chunks(monkeypatch) -> None:
+    """Chunks of 4 rows of states (and so of every variable along particle)."""
+    monkeypatch.setattr(runs.writer, "CHUNK_BYTES", 4 * LAYERS * D * 4)
+
+
+def new_writer(path: Path, **options) -> RunWriter:
+    """As ``tokenfield trace --out`` writes: buffered, in a background thread; each
+    append holds enough bytes for a flush of whole chunks."""
+    return RunWriter(
+        path,
+        "trace",
+        {"a": 1},
+        append_dim="particle",
+        flush_seconds=1e9,
+        flush_bytes=1,
+        background=True,
+        **options,
+    )
+
+
+def write_all(writer: RunWriter, pieces=None) -> None:
+    for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
+        if pieces is None or done in pieces:
+            writer.append(trace_piece(int(start), n), done=done)
+    writer.finish()
+
+
+def bits(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values).view(np.uint32)
+
+
+def test_the_new_writer_reads_back_bit_identical_to_the_former_one_in_plain_xarray(
+    tmp_path, monkeypatch
+):
+    small_chunks(monkeypatch)
+    write_all(new_writer(tmp_path / "new"))
+    # the former writer: Zstandard, one chunk per piece, every piece written at once
+    write_all(
+        RunWriter(tmp_path / "old", "trace", {"a": 1}, append_dim="particle", compressor="zstd")
+    )
+    new = xr.open_zarr(tmp_path / "new" / "trajectory.zarr").load()
+    old = xr.open_zarr(tmp_path / "old" / "trajectory.zarr").load()
+    assert new.sizes["particle"] == sum(SIZES)
+    for name in ("states", "final_norm_states"):
+        np.testing.assert_array_equal(bits(new[name].values), bits(old[name].values))
+    expected = xr.concat(
+        [trace_piece(int(s), n) for s, n in zip(STARTS, SIZES, strict=True)], "particle"
+    )
+    np.testing.assert_array_equal(bits(new["states"].values), bits(expected["states"].values))
+    for name in ("prompt", "prompt_index", "is_last", "particle"):
+        assert list(new[name].values) == list(expected[name].values), name
+    # the layout: states in whole 4-row chunks, uncompressed with a checksum
+    meta = new["states"].encoding
+    assert meta["chunks"] == (LAYERS, 4, D)
+    xr.testing.assert_identical(
+        open_run(tmp_path / "new").load(), open_run(tmp_path / "old").load()
+    )
+
+
+def test_chunk_files_written_straight_equal_zarrs_own(tmp_path):
+    """_write_whole_chunks writes the files Zarr itself writes (bytes + crc32c)."""
+    import zarr
+    from zarr.codecs import Crc32cCodec
+
+    values = np.random.default_rng(1).standard_normal((LAYERS, 12, D)).astype(np.float32)
+    made = {}
+    for how in ("zarr", "straight", "blocks"):
+        path = tmp_path / f"{how}.zarr"
+        array = zarr.create_array(
+            str(path), shape=(LAYERS, 12, D), chunks=(LAYERS, 4, D), dtype="f4",
+            compressors=(Crc32cCodec(),), dimension_names=("time", "particle", "feature"),
+        )  # fmt: skip
+        if how == "zarr":
+            array[:] = values
+        elif how == "straight":
+            assert runs.writer._write_whole_chunks(path, array, 1, values[:, 4:], 4) == 8
+            array[:, :4] = values[:, :4]
+        else:  # rows in blocks that straddle the chunks (a flush's pieces), and a tail
+            blocks = [values[:, 0:3], values[:, 3:5], values[:, 5:10]]
+            assert runs.writer._write_whole_chunks(path, array, 1, blocks, 0) == 8
+            assert runs.writer._write_whole_chunks(path, array, 1, values[:, 8:], 9) == 0
+            array[:, 8:] = values[:, 8:]
+        made[how] = {
+            p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+        }
+        np.testing.assert_array_equal(zarr.open_array(str(path))[:], values)
+    assert made["zarr"] == made["straight"] == made["blocks"]
+    assert len([k for k in made["zarr"] if k.parts[0] == "c"]) == 3
+
+
+def test_a_write_killed_half_way_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
+    small_chunks(monkeypatch)
+    write_all(new_writer(tmp_path / "clean"))
+
+    run = tmp_path / "killed"
+    real = runs.writer._write_whole_chunks
+    calls = {"n": 0}
+
+    def torn(store, array, axis, values, at):
+        written = real(store, array, axis, values, at)
+        calls["n"] += bool(written)
+        if calls["n"] == 6 and written:  # one chunk file left torn, then the process dies
+            chunk = max(p for p in Path(store, array.path, "c").rglob("*") if p.is_file())
+            chunk.write_bytes(chunk.read_bytes()[:7])
+            raise KeyboardInterrupt
+        return written
+
+    monkeypatch.setattr(runs.writer, "_write_whole_chunks", torn)
+    writer = new_writer(run)
+    with pytest.raises(KeyboardInterrupt):
+        for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
+            writer.append(trace_piece(int(start), n), done=done)
+        writer._wait()
+    monkeypatch.setattr(runs.writer, "_write_whole_chunks", real)
+    writer._pending = []  # the process died: nothing more is written
+    writer._writing = None
+    writer.close()
+    info = read_run_info(run)
+    assert info.status == "partial" and 0 < info.progress["done"] < len(SIZES)
+
+    resumed = new_writer(run)
+    assert resumed.done == info.progress["done"]
+    write_all(resumed, pieces=range(resumed.done + 1, len(SIZES) + 1))
+    xr.testing.assert_identical(open_run(run).load(), open_run(tmp_path / "clean").load())
+
+
+def test_rows_held_back_are_recorded_only_once_written(tmp_path, monkeypatch):
+    """A flush for the bytes held writes whole chunks only; run.json records the
+    last piece written in full, and the store may hold more rows (a resume trims)."""
+    small_chunks(monkeypatch)
+    writer = RunWriter(
+        tmp_path / "r", "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9, flush_bytes=1
+    )
+    writer.append(trace_piece(0, 5), done=1)  # creates the store: rows 0-3 written
+    assert read_run_info(tmp_path / "r").progress["done"] == 0
+    writer.append(trace_piece(5, 6), done=2)  # rows 4-7 written: piece 1 recorded
+    info = read_run_info(tmp_path / "r")
+    assert info.progress["done"] == 1 and info.progress["size"] == 5
+    writer.close()  # writes the rest
+    assert read_run_info(tmp_path / "r").progress == {"done": 2, "size": 11}
+    assert list(open_run(tmp_path / "r", allow_partial=True).particle.values) == list(range(11))
+
+
+def test_an_unknown_store_compressor_is_one_line(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="'lz4' is not a store compressor.*none, zstd"):
+        RunWriter(tmp_path / "r", "trace", {"a": 1}, append_dim="particle", compressor="lz4")
+    monkeypatch.setenv("TOKENFIELD_STORE_COMPRESSOR", "gzip")
+    with pytest.raises(UserError, match="TOKENFIELD_STORE_COMPRESSOR='gzip'"):
+        RunWriter(tmp_path / "r", "trace", {"a": 1}, append_dim="particle")
+    monkeypatch.setenv("TOKENFIELD_STORE_COMPRESSOR", "zstd")
+    write_all(RunWriter(tmp_path / "z", "trace", {"a": 1}, append_dim="particle"))
+    codecs = xr.open_zarr(tmp_path / "z" / "trajectory.zarr")["states"].encoding["compressors"]
+    assert [type(c).__name__ for c in codecs] == ["ZstdCodec"]
