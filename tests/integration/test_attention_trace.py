@@ -170,6 +170,8 @@ def test_cli_trace_with_attention_and_lens(tmp_path, capsys):
     ds = xr.open_zarr(tmp_path / "r" / "trajectory.zarr")
     assert "attn_sink_mass" in ds and "lens_rank" in ds
     assert ds.attn_sink_mass.sizes == {"particle": 9, "block": 3, "head": 4}
+    # the CLI leaves the model's SDPA running: the queries-and-keys read-out
+    assert tf.read_run_info(tmp_path / "r").config["attention"]["attn_implementation"] == "sdpa"
     capsys.readouterr()
 
 

@@ -28,11 +28,16 @@ the forward pass and reads the queries and keys instead:
   the same solver as the eager reference (dense ``eigvalsh`` up to
   :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens, Lanczos above).
 
-What is kept: one prompt's weights in one block, ``(heads, n, n)`` float64 (in
-groups of heads when that exceeds :data:`GROUP_ELEMENTS`), while that block's
-statistics are computed; then only the ``O(heads * n)`` statistics. The eager
-path holds the whole batch's ``(batch, heads, seq, seq)`` float32 weights of a
-block in the model, plus the float64 copy it reduces.
+What is kept, while one block's statistics are computed: prompts of at most
+``DENSE_LIMIT`` tokens several at once, each in the corner of a ``(prompts, heads,
+m, m)`` float64 array of at most :data:`CHUNK_ELEMENTS` elements (64 MB; the eager
+path's reduction works on the same array); a longer prompt alone, ``(heads, n,
+n)`` float64 in groups of heads of at most :data:`GROUP_ELEMENTS` elements; the
+logits a block of rows at a time (:data:`ROW_ELEMENTS`). Then only the ``O(heads *
+n)`` statistics. No block's weights outlive its reduction, and nothing of size
+``n x n`` is kept across blocks. The eager path holds, besides that float64
+array, the whole batch's ``(batch, heads, seq, seq)`` weights of a block that eager
+attention builds in the forward pass.
 
 Which path a trace takes (:func:`readout_path`): this one when the model's
 family is in :data:`READOUT_FAMILIES` and it runs SDPA (Hugging Face's default);
@@ -67,7 +72,9 @@ __all__ = [
 # queries and keys SDPA receives (each tested against the eager path).
 READOUT_FAMILIES = ("llama", "gpt2", "gpt_neox", "bert")
 READOUTS = ("auto", "sdpa", "eager")
-# Elements of one float64 (heads, n, n) work matrix; more heads are reduced in groups.
+# Elements of one float64 (prompts, heads, m, m) array of short prompts (as the eager
+# path's reduction); of one long prompt's (heads, n, n), more heads going in groups.
+CHUNK_ELEMENTS = 1 << 23
 GROUP_ELEMENTS = 1 << 22
 # Elements of one block of float32 logits (heads, rows, n).
 ROW_ELEMENTS = 1 << 20
@@ -285,25 +292,50 @@ def reduce_queries_keys(
     out["stationary_nosink"] = torch.full(
         (batch, heads, width), float("nan"), dtype=torch.float64, device=on
     )
-    for row, (offset, n) in enumerate(spans):
+
+    def weights_of(row: int, heads_slice: slice) -> torch.Tensor:
+        offset, n = spans[row]
         visible = _visible(mask, row, offset, n, causal_kernel, query.device)
+        part = slice(offset, offset + n)
+        return prompt_weights(
+            query[row, heads_slice, part], key[row, heads_slice, part], visible, scale, softcap
+        ).to(on)
+
+    # Short prompts, as the eager path reduces them: several at once, each in the
+    # top-left corner of a (rows, heads, m, m) float64 array, dense eigvalsh.
+    short = [row for row, (_offset, n) in enumerate(spans) if n <= DENSE_LIMIT]
+    if short:
+        m = max(spans[row][1] for row in short)
+        step = max(1, CHUNK_ELEMENTS // (heads * m * m))
+        for begin in range(0, len(short), step):
+            chosen = short[begin : begin + step]
+            cut = torch.zeros((len(chosen), heads, m, m), dtype=torch.float64, device=on)
+            for index, row in enumerate(chosen):
+                n = spans[row][1]
+                cut[index, :, :n, :n] = weights_of(row, slice(None))
+            lengths = torch.tensor([spans[row][1] for row in chosen], device=on)
+            reduced = _reduce_padded(cut, lengths, causal)
+            at = torch.tensor(chosen, device=on)
+            for name, value in reduced.items():
+                if name in PER_TOKEN:
+                    out[name][at, :, :m] = value
+                else:
+                    out[name][at] = value
+    # Long prompts one at a time, in groups of heads, |lambda_2| by Lanczos as the reference.
+    for row, (_offset, n) in enumerate(spans):
+        if n <= DENSE_LIMIT:
+            continue
         per_group = max(1, GROUP_ELEMENTS // (n * n))
         lengths = torch.tensor([n], device=on)
         for first in range(0, heads, per_group):
-            chosen = slice(first, min(heads, first + per_group))
-            weights = prompt_weights(
-                query[row, chosen, offset : offset + n],
-                key[row, chosen, offset : offset + n],
-                visible,
-                scale,
-                softcap,
-            ).to(on)
+            group = slice(first, min(heads, first + per_group))
+            weights = weights_of(row, group)
             reduced = _reduce_padded(weights[None], lengths, causal, dense_limit=DENSE_LIMIT)
             for name, value in reduced.items():
                 if name in PER_TOKEN:
-                    out[name][row, chosen, :n] = value[0]
+                    out[name][row, group, :n] = value[0]
                 else:
-                    out[name][row, chosen] = value[0]
+                    out[name][row, group] = value[0]
     return out
 
 
