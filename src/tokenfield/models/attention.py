@@ -13,7 +13,10 @@ materialises them anyway) and one head's float64 copy while it is reduced.
 
 The default SDPA kernel returns no weights, so :func:`eager_attention` switches
 the model to eager attention for the duration of the trace and restores it
-after. Hooks return ``None``: they never change what the model computes.
+after. Hooks return ``None``: they never change what the model computes. This
+is the fallback path: a trace reads the queries and keys instead, SDPA left
+running, wherever the model allows it (:mod:`tokenfield.models.attention_readout`,
+which reduces with this module's :func:`_reduce_padded`).
 
 :func:`attention_matrices` returns the full matrices of one prompt, for when
 they are really wanted. :func:`head_inputs` gives the logits and values of a
@@ -33,7 +36,13 @@ import torch
 
 from tokenfield.errors import UserError
 from tokenfield.models.hooks import Order, hooks
-from tokenfield.models.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
+from tokenfield.models.markov import (
+    PER_HEAD,
+    PER_TOKEN,
+    AttentionSummary,
+    lanczos_lambda2,
+    summarize_attention,
+)
 from tokenfield.models.sites import ATTENTION_PATHS, ModelSites, attention_modules
 
 __all__ = [
@@ -277,8 +286,6 @@ def _chain_spectrum(
     if s.shape[-1] < 2:
         return torch.full(s.shape[:-2], float("nan"), dtype=s.dtype, device=s.device), pi
     if lanczos:
-        from tokenfield.models.attention_readout import lanczos_lambda2
-
         flat_s = s.reshape(-1, *s.shape[-2:]).cpu().numpy()
         flat_top = pi.sqrt().reshape(-1, s.shape[-1]).cpu().numpy()
         lam = [lanczos_lambda2(m, t) for m, t in zip(flat_s, flat_top, strict=True)]

@@ -53,10 +53,10 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from tokenfield.errors import ParameterError
+from tokenfield.models.attention import _reduce_padded
 from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN
 from tokenfield.models.sites import ModelSites, attention_modules
 
@@ -275,8 +275,6 @@ def reduce_queries_keys(
         Statistic -> ``(batch, heads)`` float64 for ``PER_HEAD``, ``(batch, heads,
         width)`` for ``PER_TOKEN`` (``width`` the longest span).
     """
-    from tokenfield.models.attention import _reduce_padded
-
     batch, heads, _seq, head_dim = query.shape
     groups = heads // int(key.shape[1])
     if groups > 1:  # repeat_kv: query head h reads key head h // groups
@@ -337,16 +335,3 @@ def reduce_queries_keys(
                 else:
                     out[name][row, group] = value[0]
     return out
-
-
-def lanczos_lambda2(s: np.ndarray, top: np.ndarray) -> float:
-    """``|lambda_2|`` of a symmetrised chain ``S = D^-1/2 W D^-1/2`` (``(n, n)``) with
-    top eigenvector ``top = sqrt(pi)``: the largest ``|eigenvalue|`` of the deflated
-    ``S - top top^T`` by Lanczos, exactly as
-    :func:`~tokenfield.models.markov.symmetrized_spectrum` does above
-    :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens."""
-    from scipy.sparse.linalg import eigsh
-
-    deflated = s - np.outer(top, top)
-    value = eigsh(deflated, k=1, which="LM", return_eigenvectors=False, tol=1e-8)
-    return float(min(1.0, abs(value[0])))
