@@ -137,3 +137,18 @@ def test_path_rule_and_record(tmp_path):
         )
     with pytest.raises(UserError, match="attention_readout"):
         TraceConfig(TEXTS[:2], attention=True, attention_readout="flash")
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma3"])
+def test_bfloat16_block0_equals_the_eager_path(kind):
+    """In bfloat16 eager attention rounds its weights to the model's dtype, and so does
+    the read-out: block 0 (both paths read the same queries and keys there) agrees to
+    float32 storage precision. Later blocks read states that SDPA and eager attention
+    round differently in bfloat16 (about 1e-3 apart), so they are not compared here."""
+    model = _loaded(kind)
+    model.model.to(torch.bfloat16)
+    new, old = _traced(model, "auto", 4), _traced(model, "eager", 4)
+    for name in (name for name in old.data_vars if name.startswith("attn_")):
+        np.testing.assert_allclose(
+            new[name].values[:, 0], old[name].values[:, 0], atol=1e-6, err_msg=name
+        )
