@@ -101,8 +101,8 @@ def test_sliding_window_binds_in_the_tiny_gemma3():
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_lanczos_branch_equals_the_eager_path(kind, monkeypatch):
-    """Prompts longer than DENSE_LIMIT (lowered here to 6): both paths solve
-    ``|lambda_2|`` by Lanczos (the eager path one prompt at a time)."""
+    """Prompts longer than DENSE_LIMIT (lowered here to 6): both paths reduce them one at
+    a time, ``|lambda_2|`` by Lanczos."""
     import tokenfield.models.attention_readout as readout
     import tokenfield.models.markov as markov
 

@@ -16,7 +16,8 @@ the model to eager attention for the duration of the trace and restores it
 after. Hooks return ``None``: they never change what the model computes. This
 is the fallback path: a trace reads the queries and keys instead, SDPA left
 running, wherever the model allows it (:mod:`tokenfield.models.attention_readout`,
-which reduces with this module's :func:`_reduce_padded`).
+which reduces with this module's :func:`_reduce_padded` and
+:func:`~tokenfield.models.markov.summarize_attention`, as here).
 
 :func:`attention_matrices` returns the full matrices of one prompt, for when
 they are really wanted. :func:`head_inputs` gives the logits and values of a
@@ -36,13 +37,7 @@ import torch
 
 from tokenfield.errors import UserError
 from tokenfield.models.hooks import Order, hooks
-from tokenfield.models.markov import (
-    PER_HEAD,
-    PER_TOKEN,
-    AttentionSummary,
-    lanczos_lambda2,
-    summarize_attention,
-)
+from tokenfield.models.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
 from tokenfield.models.sites import ATTENTION_PATHS, ModelSites, attention_modules
 
 __all__ = [
@@ -265,16 +260,12 @@ def reduce_attention_batch(
     return out
 
 
-def _chain_spectrum(
-    a: torch.Tensor, valid: torch.Tensor, lanczos: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``|lambda_2|`` and ``pi`` of the symmetrised chains of ``a`` ``(..., m, m)``
     (zero outside ``valid`` ``(..., m)``), as :func:`symmetrized_spectrum`.
 
     Zero rows and columns (padding) add zero eigenvalues to ``D^-1/2 W D^-1/2``,
-    which leave ``max(|lambda_min|, |lambda_(n-1)|)`` unchanged. ``lanczos``: each
-    matrix by Lanczos on the deflated matrix (the reference's solver above
-    :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens) instead of ``eigvalsh``.
+    which leave ``max(|lambda_min|, |lambda_(n-1)|)`` unchanged.
     """
     w = a + a.transpose(-1, -2)
     degree = w.sum(-1)
@@ -285,25 +276,14 @@ def _chain_spectrum(
     s = w * root[..., :, None] * root[..., None, :]
     if s.shape[-1] < 2:
         return torch.full(s.shape[:-2], float("nan"), dtype=s.dtype, device=s.device), pi
-    if lanczos:
-        flat_s = s.reshape(-1, *s.shape[-2:]).cpu().numpy()
-        flat_top = pi.sqrt().reshape(-1, s.shape[-1]).cpu().numpy()
-        lam = [lanczos_lambda2(m, t) for m, t in zip(flat_s, flat_top, strict=True)]
-        return torch.tensor(lam, dtype=s.dtype, device=s.device).reshape(s.shape[:-2]), pi
     values = torch.linalg.eigvalsh(s)  # ascending; the last is 1
     lam = torch.maximum(values[..., 0].abs(), values[..., -2].abs()).clamp(max=1.0)
     return lam, pi
 
 
-def _reduce_padded(
-    a: torch.Tensor, lengths: torch.Tensor, causal: bool, dense_limit: int | None = None
-) -> dict[str, torch.Tensor]:
+def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
     """The statistics of :func:`summarize_attention` for ``a`` ``(rows, heads, m, m)``
-    float64, row ``r``'s matrix in its top-left ``lengths[r]`` corner.
-
-    ``dense_limit`` (one row only): a chain of more tokens than this gets its
-    ``|lambda_2|`` by Lanczos, as :func:`summarize_attention` (the sink-free chain
-    has ``n - 1`` tokens); ``None``: ``eigvalsh`` for every chain."""
+    float64, row ``r``'s matrix in its top-left ``lengths[r]`` corner."""
     m = a.shape[-1]
     i = torch.arange(m, device=a.device)
     valid = (i[None, :] < lengths[:, None])[:, None, :].to(a.dtype)  # (rows, 1, m)
@@ -323,8 +303,7 @@ def _reduce_padded(
     scale = torch.where(queries > 0, torch.log(keys), torch.ones_like(keys))
     entropy = (entropy_rows / scale * queries).sum(-1) / count
     sink = (a[..., :, 0] * queries).sum(-1) / count
-    n_real = int(lengths.max()) if dense_limit is not None else 0
-    lam, pi = _chain_spectrum(a, valid, lanczos=dense_limit is not None and n_real > dense_limit)
+    lam, pi = _chain_spectrum(a, valid)
     # causal: triangular, so the eigenvalues are the diagonal
     moduli = (a.diagonal(dim1=-2, dim2=-1) if causal else torch.linalg.eigvals(a)).abs()
     raw = moduli.topk(min(2, m), dim=-1).values[..., -1]
@@ -336,9 +315,7 @@ def _reduce_padded(
     b = b + torch.diag_embed(empty.to(a.dtype))
     sums = b.sum(-1, keepdim=True)
     b = b / torch.where(sums > 0, sums, torch.ones_like(sums))
-    lam_ns, pi_ns = _chain_spectrum(
-        b, rest, lanczos=dense_limit is not None and n_real - 1 > dense_limit
-    )
+    lam_ns, pi_ns = _chain_spectrum(b, rest)
     pi_ns = torch.where(rest > 0, pi_ns, nan)
     return {
         "entropy": torch.where(several, entropy, nan),

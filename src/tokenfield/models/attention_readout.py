@@ -21,23 +21,23 @@ the forward pass and reads the queries and keys instead:
   attention (Hugging Face's ``repeat_kv`` order), and builds that prompt's
   ``(heads, n, n)`` weights a block of rows at a time as eager attention does:
   ``softmax(q k^T * scaling (+ soft cap) + mask)`` in float32, cast to the
-  model's dtype, then float64. The statistics are those of the eager path's
-  reduction (:func:`tokenfield.models.attention._reduce_padded`: row entropy,
-  sink mass, ``|lambda_2|`` of the symmetrised chain with and without the sink,
-  raw ``|lambda_2|``, the two stationary distributions), with ``|lambda_2|`` by
-  the same solver as the eager reference (dense ``eigvalsh`` up to
-  :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens, Lanczos above).
+  model's dtype. The statistics are those of the eager path's own reduction,
+  on the same inputs: prompts of at most
+  :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens several at once
+  (:func:`tokenfield.models.attention._reduce_padded`, batched ``eigvalsh``),
+  longer ones one at a time (:func:`~tokenfield.models.markov.summarize_attention`,
+  Lanczos): row entropy, sink mass, ``|lambda_2|`` of the symmetrised chain with
+  and without the sink, raw ``|lambda_2|``, the two stationary distributions.
 
-What is kept, while one block's statistics are computed: prompts of at most
-``DENSE_LIMIT`` tokens several at once, each in the corner of a ``(prompts, heads,
-m, m)`` float64 array of at most :data:`CHUNK_ELEMENTS` elements (64 MB; the eager
-path's reduction works on the same array); a longer prompt alone, ``(heads, n,
-n)`` float64 in groups of heads of at most :data:`GROUP_ELEMENTS` elements; the
-logits a block of rows at a time (:data:`ROW_ELEMENTS`). Then only the ``O(heads *
-n)`` statistics. No block's weights outlive its reduction, and nothing of size
-``n x n`` is kept across blocks. The eager path holds, besides that float64
-array, the whole batch's ``(batch, heads, seq, seq)`` weights of a block that eager
-attention builds in the forward pass.
+What is kept, while one block's statistics are computed: short prompts several
+at once, each in the corner of a ``(prompts, heads, m, m)`` float64 array of at
+most :data:`CHUNK_ELEMENTS` elements (64 MB; the eager path's reduction works on
+the same array); a longer prompt alone, its ``(heads, n, n)`` float32 weights and
+one head's float64 copy at a time; the logits a block of rows at a time
+(:data:`ROW_ELEMENTS`). Then only the ``O(heads * n)`` statistics: no block's
+weights outlive its reduction, nothing of size ``n x n`` is kept across blocks.
+The eager path holds, besides the same arrays, the whole batch's ``(batch, heads,
+seq, seq)`` weights of a block that eager attention builds in the forward pass.
 
 Which path a trace takes (:func:`readout_path`): this one when the model's
 family is in :data:`READOUT_FAMILIES` and it runs SDPA (Hugging Face's default);
@@ -57,7 +57,7 @@ import torch
 
 from tokenfield.errors import ParameterError
 from tokenfield.models.attention import _reduce_padded
-from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN
+from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
 from tokenfield.models.sites import ModelSites, attention_modules
 
 __all__ = [
@@ -73,9 +73,8 @@ __all__ = [
 READOUT_FAMILIES = ("llama", "gpt2", "gpt_neox", "bert")
 READOUTS = ("auto", "sdpa", "eager")
 # Elements of one float64 (prompts, heads, m, m) array of short prompts (as the eager
-# path's reduction); of one long prompt's (heads, n, n), more heads going in groups.
+# path's reduction).
 CHUNK_ELEMENTS = 1 << 23
-GROUP_ELEMENTS = 1 << 22
 # Elements of one block of float32 logits (heads, rows, n).
 ROW_ELEMENTS = 1 << 20
 
@@ -220,7 +219,7 @@ def prompt_weights(
 ) -> torch.Tensor:
     """One prompt's attention weights, built a block of rows at a time as eager
     attention does: ``softmax(q k^T * scaling + mask)`` in float32, cast to the
-    model's dtype, returned in float64.
+    model's dtype.
 
     Args:
         query: ``(heads, n, head_dim)``.
@@ -228,10 +227,11 @@ def prompt_weights(
         visible: ``(n, n)`` bool or ``None`` (every key).
 
     Returns:
-        ``(heads, n, n)`` float64, rows summing to 1.
+        ``(heads, n, n)`` float32 (the model-dtype weights, as the eager path hands
+        them to its reduction), rows summing to 1.
     """
     heads, n = int(query.shape[0]), int(query.shape[1])
-    out = torch.empty((heads, n, n), dtype=torch.float64, device=query.device)
+    out = torch.empty((heads, n, n), dtype=torch.float32, device=query.device)
     step = max(1, ROW_ELEMENTS // max(1, heads * n))
     keys = key.transpose(-1, -2)  # (heads, head_dim, n)
     for start in range(0, n, step):
@@ -242,7 +242,7 @@ def prompt_weights(
         if visible is not None:
             logits = logits.masked_fill(~visible[start:stop], float("-inf"))
         weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
-        out[:, start:stop] = weights.to(torch.float64)
+        out[:, start:stop] = weights.float()
     return out
 
 
@@ -291,16 +291,14 @@ def reduce_queries_keys(
         (batch, heads, width), float("nan"), dtype=torch.float64, device=on
     )
 
-    def weights_of(row: int, heads_slice: slice) -> torch.Tensor:
+    def weights_of(row: int) -> torch.Tensor:
         offset, n = spans[row]
         visible = _visible(mask, row, offset, n, causal_kernel, query.device)
         part = slice(offset, offset + n)
-        return prompt_weights(
-            query[row, heads_slice, part], key[row, heads_slice, part], visible, scale, softcap
-        ).to(on)
+        return prompt_weights(query[row, :, part], key[row, :, part], visible, scale, softcap)
 
     # Short prompts, as the eager path reduces them: several at once, each in the
-    # top-left corner of a (rows, heads, m, m) float64 array, dense eigvalsh.
+    # top-left corner of a (rows, heads, m, m) float64 array, batched eigvalsh.
     short = [row for row, (_offset, n) in enumerate(spans) if n <= DENSE_LIMIT]
     if short:
         m = max(spans[row][1] for row in short)
@@ -310,7 +308,7 @@ def reduce_queries_keys(
             cut = torch.zeros((len(chosen), heads, m, m), dtype=torch.float64, device=on)
             for index, row in enumerate(chosen):
                 n = spans[row][1]
-                cut[index, :, :n, :n] = weights_of(row, slice(None))
+                cut[index, :, :n, :n] = weights_of(row).to(on, torch.float64)
             lengths = torch.tensor([spans[row][1] for row in chosen], device=on)
             reduced = _reduce_padded(cut, lengths, causal)
             at = torch.tensor(chosen, device=on)
@@ -319,19 +317,14 @@ def reduce_queries_keys(
                     out[name][at, :, :m] = value
                 else:
                     out[name][at] = value
-    # Long prompts one at a time, in groups of heads, |lambda_2| by Lanczos as the reference.
+    # Long prompts one at a time, as the eager path: the reference reduction, one head
+    # at a time in float64, |lambda_2| by Lanczos.
     for row, (_offset, n) in enumerate(spans):
         if n <= DENSE_LIMIT:
             continue
-        per_group = max(1, GROUP_ELEMENTS // (n * n))
-        lengths = torch.tensor([n], device=on)
-        for first in range(0, heads, per_group):
-            group = slice(first, min(heads, first + per_group))
-            weights = weights_of(row, group)
-            reduced = _reduce_padded(weights[None], lengths, causal, dense_limit=DENSE_LIMIT)
-            for name, value in reduced.items():
-                if name in PER_TOKEN:
-                    out[name][row, group, :n] = value[0]
-                else:
-                    out[name][row, group] = value[0]
+        summary = summarize_attention(weights_of(row).cpu().numpy(), causal=causal)
+        for name in PER_HEAD:
+            out[name][row] = torch.as_tensor(getattr(summary, name), device=on)
+        for name in PER_TOKEN:
+            out[name][row, :, :n] = torch.as_tensor(getattr(summary, name), device=on)
     return out

@@ -57,7 +57,6 @@ __all__ = [
     "STOCHASTIC_TOL",
     "AttentionSummary",
     "eigenvalue_moduli",
-    "lanczos_lambda2",
     "row_entropy",
     "second_eigenvalue_modulus",
     "spectral_gap",
@@ -214,18 +213,12 @@ def symmetrized_spectrum(matrix: np.ndarray) -> tuple[float, np.ndarray]:
     if n <= DENSE_LIMIT:
         values = np.linalg.eigvalsh(s)  # ascending; values[-1] = 1
         return float(min(1.0, max(abs(values[0]), abs(values[-2])))), pi
-    return lanczos_lambda2(s, np.sqrt(pi)), pi
-
-
-def lanczos_lambda2(s: np.ndarray, top: np.ndarray) -> float:
-    """``|lambda_2|`` of a symmetrised chain ``S = D^-1/2 W D^-1/2`` (``(n, n)``) whose
-    top eigenvector is ``top = sqrt(pi)``: the largest ``|eigenvalue|`` of the deflated
-    ``S - top top^T`` by Lanczos (the solver above :data:`DENSE_LIMIT` tokens)."""
     from scipy.sparse.linalg import eigsh
 
-    deflated = s - np.outer(top, top)
-    value = eigsh(deflated, k=1, which="LM", return_eigenvectors=False, tol=1e-8)
-    return float(min(1.0, abs(value[0])))
+    top = np.sqrt(pi)
+    s -= np.outer(top, top)
+    value = eigsh(s, k=1, which="LM", return_eigenvectors=False, tol=1e-8)
+    return float(min(1.0, abs(value[0]))), pi
 
 
 def _raw_lambda2(a: np.ndarray, causal: bool) -> float:
