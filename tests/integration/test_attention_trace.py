@@ -143,7 +143,7 @@ def test_run_on_disk_round_trips(tiny, tmp_path):
             np.testing.assert_allclose(ds[name].values, memory[name].values, atol=1e-6)
     plain = xr.open_zarr(tmp_path / "run" / "trajectory.zarr")
     assert plain.attn_lambda2.dims == ("particle", "block", "head")
-    assert tf.read_run_info(tmp_path / "run").config["attention"]["attn_implementation"] == "eager"
+    assert tf.read_run_info(tmp_path / "run").config["attention"]["attn_implementation"] == "sdpa"
 
 
 def test_cli_trace_with_attention_and_lens(tmp_path, capsys):
@@ -170,6 +170,8 @@ def test_cli_trace_with_attention_and_lens(tmp_path, capsys):
     ds = xr.open_zarr(tmp_path / "r" / "trajectory.zarr")
     assert "attn_sink_mass" in ds and "lens_rank" in ds
     assert ds.attn_sink_mass.sizes == {"particle": 9, "block": 3, "head": 4}
+    # the CLI leaves the model's SDPA running: the queries-and-keys read-out
+    assert tf.read_run_info(tmp_path / "r").config["attention"]["attn_implementation"] == "sdpa"
     capsys.readouterr()
 
 

@@ -49,8 +49,16 @@ def test_prompts_are_loaded_once():
         TraceConfig([])
 
 
-def _model(causal: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(causal=causal, run_config=lambda: {"name": "m"})
+def _model(causal: bool = True, attn: str = "sdpa", family: str = "llama") -> SimpleNamespace:
+    return SimpleNamespace(
+        causal=causal,
+        run_config=lambda: {"name": "m"},
+        name="m",
+        max_positions=64,
+        extra={},
+        family=SimpleNamespace(name=family),
+        model=SimpleNamespace(config=SimpleNamespace(_attn_implementation=attn)),
+    )
 
 
 def test_the_run_config_has_the_optional_keys_only_when_on():
@@ -75,9 +83,34 @@ def test_the_run_config_has_the_optional_keys_only_when_on():
         steer=(vector, 2, "all"),
         store_dtype="float16",
     ).run_config(_model())
-    assert full["attention"]["attn_implementation"] == "eager"
+    assert full["attention"]["attn_implementation"] == "sdpa"
     assert full["logit_lens"] == {"k": 3}
     assert full["generate"] == {"max_new_tokens": 4, "decoding": "greedy"}
     assert full["steering"]["layer"] == 2 and full["steering"]["alpha"] == 2.0
     assert full["steering"]["positions"] == "all" and len(full["steering"]["vector_sha256"]) == 64
     assert full["store_dtype"] == "float16"
+
+
+def test_the_attention_readout_path_rule_and_its_record():
+    """Queries and keys where the family is known and the model runs SDPA; eager
+    otherwise or when asked; ``sdpa`` asked of a model without it is one error."""
+    on = TraceConfig(["a"], attention=True)
+    assert on.run_config(_model())["attention"]["attn_implementation"] == "sdpa"
+    assert on.run_config(_model())["attention"]["readout"] == "queries and keys"
+    eager = on.run_config(_model(attn="eager"))["attention"]
+    assert eager == {
+        "attn_implementation": "eager",
+        "chain": "symmetrised (A + A^T), sink kept and sink dropped",
+    }  # exactly what runs traced before this path recorded: they still resume
+    assert on.run_config(_model(family="t5"))["attention"]["attn_implementation"] == "eager"
+    assert (
+        on.run_config(_model(attn="flash_attention_2"))["attention"]["attn_implementation"]
+        == "eager"
+    )
+    asked = TraceConfig(["a"], attention=True, attention_readout="eager")
+    assert asked.run_config(_model())["attention"]["attn_implementation"] == "eager"
+    forced = TraceConfig(["a"], attention=True, attention_readout="sdpa")
+    with pytest.raises(ParameterError, match="attention_readout sdpa needs"):
+        forced.check_model(_model(attn="eager"))
+    with pytest.raises(ParameterError, match="unknown attention_readout 'fast'"):
+        TraceConfig(["a"], attention=True, attention_readout="fast")

@@ -119,7 +119,8 @@ def trace_command(
         typer.Option(
             "--attention",
             help="Also reduce every block's attention to Markov-chain statistics (entropy, "
-            "sink mass, |lambda_2|, stationary distribution); runs with eager attention.",
+            "sink mass, |lambda_2|, stationary distribution), from the queries and keys with the "
+            "model's SDPA left running (eager attention for a model that cannot).",
         ),
     ] = False,
     logit_lens: Annotated[
@@ -204,7 +205,6 @@ def trace_command(
         device=device,
         random_weights=random_weights,
         seed=seed,
-        attn_implementation="eager" if attention else None,
         placement=Placement.parse(device_map, max_memory, offload_folder) if placed else None,
     )
     ds = run(spec, config, out=out, overwrite=overwrite, progress=True)

@@ -13,7 +13,11 @@ materialises them anyway) and one head's float64 copy while it is reduced.
 
 The default SDPA kernel returns no weights, so :func:`eager_attention` switches
 the model to eager attention for the duration of the trace and restores it
-after. Hooks return ``None``: they never change what the model computes.
+after. Hooks return ``None``: they never change what the model computes. This
+is the fallback path: a trace reads the queries and keys instead, SDPA left
+running, wherever the model allows it (:mod:`tokenfield.models.attention_readout`,
+which reduces with this module's :func:`_reduce_padded` and
+:func:`~tokenfield.models.markov.summarize_attention`, as here).
 
 :func:`attention_matrices` returns the full matrices of one prompt, for when
 they are really wanted. :func:`head_inputs` gives the logits and values of a
@@ -112,6 +116,12 @@ class AttentionCapture:
             spans.append((int(real[0]), int(real.numel())))  # contiguous: (offset, n)
         self.spans = spans
         self.reduced = [None] * n_blocks
+
+    def store(self, block: int, reduced: dict[str, torch.Tensor], heads: int) -> None:
+        """Keep one block's reduced statistics (the queries-and-keys read-out,
+        :mod:`tokenfield.models.attention_readout`)."""
+        self.heads = heads
+        self.reduced[block] = reduced
 
     def reduce(self, block: int, weights: torch.Tensor) -> None:
         """Reduce ``weights`` ``(batch, heads, seq, seq)`` of one block, all prompts at once."""

@@ -15,8 +15,11 @@ which is every prompt's last real token. Encoders are right-padded.
 Two optional read-outs cost nothing when off (no hooks, no config keys):
 
 - ``attention``: each block's attention weights, reduced per prompt inside
-  the forward pass to Markov-chain statistics (:mod:`tokenfield.models.attention`);
-  the model runs with eager attention for the trace.
+  the forward pass to Markov-chain statistics (:mod:`tokenfield.models.attention`):
+  from the queries and keys SDPA receives, the model's own kernel left running
+  (:mod:`tokenfield.models.attention_readout`), or, for a model that cannot take
+  that path, with the model switched to eager attention for the trace
+  (:func:`~tokenfield.models.attention_readout.readout_path` says which).
 - ``logit_lens``: each last-token state at every time read through the
   final norm and the unembedding: its top tokens and the rank of the model's
   final prediction (:func:`tokenfield.models.capture.logit_lens`).
@@ -50,6 +53,7 @@ from tokenfield.models.attention import (
     capture_attention,
     eager_attention,
 )
+from tokenfield.models.attention_readout import capture_queries_keys, readout_path
 from tokenfield.models.batching import (
     Encoded,
     Positions,
@@ -114,7 +118,13 @@ class Tracer:
                     add_to_residual(model, {int(vector.layer): delta}, positions=steer_positions)
                 )
             self.capture = stack.enter_context(capture_residual(model.sites))
-            if config.attention:
+            if config.attention and readout_path(model, config.attention_readout) == "sdpa":
+                self.reducer = stack.enter_context(
+                    capture_queries_keys(
+                        model.sites, model.model, AttentionCapture(causal=model.causal)
+                    )
+                )
+            elif config.attention:
                 stack.enter_context(eager_attention(model.model))
                 self.reducer = stack.enter_context(
                     capture_attention(model.sites, causal=model.causal)

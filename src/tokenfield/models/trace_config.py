@@ -40,6 +40,11 @@ class TraceConfig:
         chat, truncate: how prompts are encoded.
         top_k: next-token predictions kept per prompt (causal models).
         attention, logit_lens, lens_k: the optional read-outs.
+        attention_readout: how ``attention`` is read: ``"auto"`` (from the
+            queries and keys, SDPA left running, where the model allows it; else
+            eager attention), ``"sdpa"`` or ``"eager"`` (see
+            :func:`~tokenfield.models.attention_readout.readout_path`). The run
+            records the path taken.
         generate: greedy tokens generated after each prompt.
         steer: ``(vector, alpha, positions)`` or ``None``; ``vector`` is a
             :class:`~tokenfield.steering.vectors.SteeringVector` (only ``positions``
@@ -67,6 +72,7 @@ class TraceConfig:
     truncate: bool = False
     top_k: int = 5
     attention: bool = False
+    attention_readout: str = "auto"
     logit_lens: bool = False
     lens_k: int = 5
     generate: int = 0
@@ -86,6 +92,12 @@ class TraceConfig:
             )
         _at_least("batch_size", self.batch_size, 1, 8)
         _at_least("generate", self.generate, 0, 8)
+        if self.attention_readout not in ("auto", "sdpa", "eager"):
+            raise ParameterError(
+                "attention_readout",
+                f"unknown {{name}} '{self.attention_readout}'",
+                "use 'auto', 'sdpa' or 'eager'",
+            )
         if self.logit_lens:
             _at_least("lens_k", self.lens_k, 1, 5)
         if self.steer is not None:
@@ -167,6 +179,10 @@ class TraceConfig:
                 "drop {name} for this model",
             )
         check_generate_length(self.generate, model.max_positions, model.name, prompt_tokens=1)
+        if self.attention:
+            from tokenfield.models.attention_readout import readout_path
+
+            readout_path(model, self.attention_readout)  # "sdpa" for a model without it
         if self.steer is not None:
             self.steer[0].check_model(model)
 
@@ -185,8 +201,12 @@ class TraceConfig:
             "prompts": [p.to_json() for p in self.prompts],
         }
         if self.attention:
+            from tokenfield.models.attention_readout import readout_path
+
+            path = readout_path(model, self.attention_readout)
             config["attention"] = {
-                "attn_implementation": "eager",
+                "attn_implementation": path,
+                **({"readout": "queries and keys"} if path == "sdpa" else {}),
                 "chain": "symmetrised (A + A^T), sink kept and sink dropped",
             }
         if self.logit_lens:

@@ -98,8 +98,9 @@ def trace(
             instead of raising.
         top_k: how many next-token predictions to keep per prompt (causal models).
         attention: also reduce every block's attention weights to Markov-chain
-            statistics (runs the model with eager attention; see
-            :mod:`tokenfield.models.attention`).
+            statistics (from the queries and keys, the model's SDPA left running,
+            or with eager attention where the model cannot; see
+            :mod:`tokenfield.models.attention_readout`).
         logit_lens: also read every last-token state through the final norm
             and the unembedding (causal models with an output embedding).
         lens_k: top tokens kept per time by the logit lens.

@@ -1,0 +1,330 @@
+"""The attention read-out without eager attention: statistics from queries and keys.
+
+``trace(..., attention=True)`` reduces every block's attention to Markov-chain
+statistics (:mod:`tokenfield.models.attention`). Eager attention hands those
+weights over, but only after building every ``(batch, heads, seq, seq)`` matrix
+in the forward pass. This module leaves the model's own kernel (SDPA) running
+the forward pass and reads the queries and keys instead:
+
+- :func:`capture_queries_keys` registers one attention function with Hugging
+  Face's ``AttentionInterface`` and points the model's config at it for the
+  duration. The function calls the model's SDPA function unchanged (so the
+  outputs are those of a plain forward, bit for bit) and hands the read-out the
+  exact ``query``/``key`` SDPA receives: after the projections, the ``q_norm`` /
+  ``k_norm`` of the families that have them and the rotary embedding at the
+  row's positions, with the ``scaling`` the module passes. The attention mask is
+  the model's own (``sdpa_mask``: causal, padding, and the sliding window of the
+  layers that have one); where Hugging Face passes none, SDPA's own rule applies
+  (causal when the module is causal and there is more than one query, else full).
+- :func:`reduce_queries_keys` then, for each prompt of the batch (its real
+  tokens only, padding cut away), repeats the key heads for grouped-query
+  attention (Hugging Face's ``repeat_kv`` order), and builds that prompt's
+  ``(heads, n, n)`` weights a block of rows at a time as eager attention does:
+  ``softmax(q k^T * scaling (+ soft cap) + mask)`` in float32, cast to the
+  model's dtype. The statistics are those of the eager path's own reduction,
+  on the same inputs: prompts of at most
+  :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens several at once
+  (:func:`tokenfield.models.attention._reduce_padded`, batched ``eigvalsh``),
+  longer ones one at a time (:func:`~tokenfield.models.markov.summarize_attention`,
+  Lanczos): row entropy, sink mass, ``|lambda_2|`` of the symmetrised chain with
+  and without the sink, raw ``|lambda_2|``, the two stationary distributions.
+
+What is kept, while one block's statistics are computed: short prompts several
+at once, each in the corner of a ``(prompts, heads, m, m)`` float64 array of at
+most :data:`CHUNK_ELEMENTS` elements (64 MB; the eager path's reduction works on
+the same array); a longer prompt alone, its ``(heads, n, n)`` float32 weights and
+one head's float64 copy at a time; the logits a block of rows at a time
+(:data:`ROW_ELEMENTS`). Then only the ``O(heads * n)`` statistics: no block's
+weights outlive its reduction, nothing of size ``n x n`` is kept across blocks.
+The eager path holds, besides the same arrays, the whole batch's ``(batch, heads,
+seq, seq)`` weights of a block that eager attention builds in the forward pass.
+
+Which path a trace takes (:func:`readout_path`): this one when the model's
+family is in :data:`READOUT_FAMILIES` and it runs SDPA (Hugging Face's default);
+the eager path otherwise (a model loaded with ``attn_implementation="eager"``,
+flash attention, a model with logit soft-capping, which SDPA refuses), or when
+``attention_readout="eager"`` asks for it. The run records which
+(``run.json``: ``config.attention.attn_implementation``, ``"sdpa"`` or ``"eager"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from tokenfield.errors import ParameterError
+from tokenfield.models.attention import _reduce_padded
+from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
+from tokenfield.models.sites import ModelSites, attention_modules
+
+__all__ = [
+    "READOUTS",
+    "READOUT_FAMILIES",
+    "capture_queries_keys",
+    "readout_path",
+    "reduce_queries_keys",
+]
+
+# Families whose attention modules call Hugging Face's AttentionInterface with the
+# queries and keys SDPA receives (each tested against the eager path).
+READOUT_FAMILIES = ("llama", "gpt2", "gpt_neox", "bert")
+READOUTS = ("auto", "sdpa", "eager")
+# Elements of one float64 (prompts, heads, m, m) array of short prompts (as the eager
+# path's reduction).
+CHUNK_ELEMENTS = 1 << 23
+# Elements of one block of float32 logits (heads, rows, n).
+ROW_ELEMENTS = 1 << 20
+
+_NAME = "tokenfield_sdpa_readout"
+# id(attention module) -> the read-out of its block, while a capture is active
+_readers: dict[int, Any] = {}
+
+
+def readout_path(model: Any, requested: str = "auto") -> str:
+    """Which attention read-out a trace of ``model`` uses: ``"sdpa"`` or ``"eager"``.
+
+    ``"auto"``: ``"sdpa"`` when the family is in :data:`READOUT_FAMILIES` and the
+    model runs SDPA, else ``"eager"``. ``"eager"``: always the eager path.
+    ``"sdpa"``: this path, or an error when the model cannot take it.
+
+    Args:
+        model: a :class:`~tokenfield.models.load.LoadedModel`.
+        requested: one of :data:`READOUTS`.
+
+    Raises:
+        ParameterError: ``attention_readout="sdpa"`` for a model that cannot take it.
+    """
+    if requested == "eager":
+        return "eager"
+    spec = model.extra.get("spec") if isinstance(getattr(model, "extra", None), dict) else None
+    implementation = getattr(spec, "attn_implementation", None) or getattr(
+        model.model.config, "_attn_implementation", None
+    )
+    supported = model.family.name in READOUT_FAMILIES and implementation == "sdpa"
+    if requested == "sdpa" and not supported:
+        raise ParameterError(
+            "attention_readout",
+            f"{{name}} sdpa needs a model of the {', '.join(READOUT_FAMILIES)} families "
+            f"running SDPA; '{model.name}' is a {model.family.name} model running "
+            f"{implementation or 'eager'} attention",
+            "pass {name} auto (the eager read-out for this model)",
+        )
+    return "sdpa" if supported else "eager"
+
+
+def _readout_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The registered attention function: SDPA unchanged, then the read-out of
+    ``module``'s block (if one is active) on the very ``query``/``key`` SDPA saw."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    reader = _readers.get(id(module))
+    if reader is not None:
+        reader(module, query, key, attention_mask, kwargs)
+    return out
+
+
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        AttentionInterface.register(_NAME, _readout_attention)
+        AttentionMaskInterface.register(_NAME, sdpa_mask)  # the masks SDPA gets
+        _registered = True
+
+
+@contextlib.contextmanager
+def capture_queries_keys(sites: ModelSites, hf_model: Any, capture: Any) -> Iterator[Any]:
+    """Run ``hf_model`` with SDPA plus the read-out of every block's queries and
+    keys into ``capture`` (an :class:`~tokenfield.models.attention.AttentionCapture`)
+    inside the block; the model's attention implementation is restored on exit,
+    even on error."""
+    _register()
+    modules = attention_modules(sites)  # a family without an entry fails here, in one line
+    config = hf_model.config
+    before = config._attn_implementation
+    if before != "sdpa":
+        raise RuntimeError(f"the queries-and-keys read-out needs SDPA, the model runs {before}")
+
+    def reader(block: int):
+        def read(module: Any, query, key, mask, kwargs: dict[str, Any]) -> None:
+            if capture.paused:
+                return
+            is_causal = kwargs.get("is_causal")
+            causal_kernel = bool(
+                getattr(module, "is_causal", True) if is_causal is None else is_causal
+            )
+            reduced = reduce_queries_keys(
+                query.detach(),
+                key.detach(),
+                mask,
+                capture.spans,
+                causal=capture.causal,
+                causal_kernel=causal_kernel,
+                scaling=kwargs.get("scaling"),
+                softcap=kwargs.get("softcap"),
+            )
+            capture.store(block, reduced, int(query.shape[1]))
+
+        return read
+
+    ids = [id(module) for module in modules]
+    for block, key in enumerate(ids):
+        _readers[key] = reader(block)
+    config._attn_implementation = _NAME
+    try:
+        yield capture
+    finally:
+        config._attn_implementation = before
+        for key in ids:
+            _readers.pop(key, None)
+
+
+def _visible(
+    mask: torch.Tensor | None, row: int, offset: int, n: int, causal_kernel: bool, device: Any
+) -> torch.Tensor | None:
+    """``(n, n)`` bool, True where query ``i`` may read key ``j`` of one prompt (its
+    real tokens ``offset .. offset + n - 1``); ``None``: every key."""
+    if mask is not None:
+        cut = mask[row if mask.shape[0] > 1 else 0, 0, offset : offset + n, offset : offset + n]
+        if cut.dtype != torch.bool:  # an additive mask: 0 where visible
+            cut = cut > torch.finfo(cut.dtype).min / 2
+        return cut.to(device)
+    if causal_kernel and n > 1:  # SDPA's is_causal: key j <= query i
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    return None
+
+
+def prompt_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    visible: torch.Tensor | None,
+    scaling: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """One prompt's attention weights, built a block of rows at a time as eager
+    attention does: ``softmax(q k^T * scaling + mask)`` in float32, cast to the
+    model's dtype.
+
+    Args:
+        query: ``(heads, n, head_dim)``.
+        key: ``(heads, n, head_dim)`` (key heads already repeated).
+        visible: ``(n, n)`` bool or ``None`` (every key).
+
+    Returns:
+        ``(heads, n, n)`` float32 (the model-dtype weights, as the eager path hands
+        them to its reduction), rows summing to 1.
+    """
+    heads, n = int(query.shape[0]), int(query.shape[1])
+    out = torch.empty((heads, n, n), dtype=torch.float32, device=query.device)
+    step = max(1, ROW_ELEMENTS // max(1, heads * n))
+    keys = key.transpose(-1, -2)  # (heads, head_dim, n)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        logits = torch.matmul(query[:, start:stop], keys) * scaling  # (heads, rows, n)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        if visible is not None:
+            logits = logits.masked_fill(~visible[start:stop], float("-inf"))
+        weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+        out[:, start:stop] = weights.float()
+    return out
+
+
+def reduce_queries_keys(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    spans: Sequence[tuple[int, int]],
+    *,
+    causal: bool,
+    causal_kernel: bool,
+    scaling: float | None = None,
+    softcap: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """The statistics of :func:`~tokenfield.models.attention.reduce_attention_batch`
+    for one block of a padded batch, from the queries and keys SDPA received.
+
+    Args:
+        query: ``(batch, heads, seq, head_dim)`` after the rotary embedding.
+        key: ``(batch, kv_heads, seq, head_dim)``; ``heads`` a multiple of ``kv_heads``.
+        mask: the model's attention mask for SDPA, ``(batch or 1, 1, seq, seq)``
+            (bool: True = visible), or ``None`` (SDPA's own ``is_causal`` rule).
+        spans: per batch row ``(offset, n)``: its real tokens.
+        causal: the model is causal (the statistics' conventions, as the eager path).
+        causal_kernel: what SDPA does without a mask (the module's ``is_causal``).
+        scaling: the logit scale (``head_dim ** -0.5`` when ``None``, as SDPA).
+        softcap: a logit soft cap (``cap * tanh(logits / cap)``), or ``None``.
+
+    Returns:
+        Statistic -> ``(batch, heads)`` float64 for ``PER_HEAD``, ``(batch, heads,
+        width)`` for ``PER_TOKEN`` (``width`` the longest span).
+    """
+    batch, heads, _seq, head_dim = query.shape
+    groups = heads // int(key.shape[1])
+    if groups > 1:  # repeat_kv: query head h reads key head h // groups
+        key = key.repeat_interleave(groups, dim=1)
+    scale = float(scaling) if scaling is not None else head_dim**-0.5
+    on = query.device if query.device.type in ("cpu", "cuda") else torch.device("cpu")
+    width = max(n for _offset, n in spans)
+    out = {
+        name: torch.full((batch, heads), float("nan"), dtype=torch.float64, device=on)
+        for name in PER_HEAD
+    }
+    out["stationary"] = torch.zeros((batch, heads, width), dtype=torch.float64, device=on)
+    out["stationary_nosink"] = torch.full(
+        (batch, heads, width), float("nan"), dtype=torch.float64, device=on
+    )
+
+    def weights_of(row: int) -> torch.Tensor:
+        offset, n = spans[row]
+        visible = _visible(mask, row, offset, n, causal_kernel, query.device)
+        part = slice(offset, offset + n)
+        return prompt_weights(query[row, :, part], key[row, :, part], visible, scale, softcap)
+
+    # Short prompts, as the eager path reduces them: several at once, each in the
+    # top-left corner of a (rows, heads, m, m) float64 array, batched eigvalsh.
+    short = [row for row, (_offset, n) in enumerate(spans) if n <= DENSE_LIMIT]
+    if short:
+        m = max(spans[row][1] for row in short)
+        step = max(1, CHUNK_ELEMENTS // (heads * m * m))
+        for begin in range(0, len(short), step):
+            chosen = short[begin : begin + step]
+            cut = torch.zeros((len(chosen), heads, m, m), dtype=torch.float64, device=on)
+            for index, row in enumerate(chosen):
+                n = spans[row][1]
+                cut[index, :, :n, :n] = weights_of(row).to(on, torch.float64)
+            lengths = torch.tensor([spans[row][1] for row in chosen], device=on)
+            reduced = _reduce_padded(cut, lengths, causal)
+            at = torch.tensor(chosen, device=on)
+            for name, value in reduced.items():
+                if name in PER_TOKEN:
+                    out[name][at, :, :m] = value
+                else:
+                    out[name][at] = value
+    # Long prompts one at a time, as the eager path: the reference reduction, one head
+    # at a time in float64, |lambda_2| by Lanczos.
+    for row, (_offset, n) in enumerate(spans):
+        if n <= DENSE_LIMIT:
+            continue
+        summary = summarize_attention(weights_of(row).cpu().numpy(), causal=causal)
+        for name in PER_HEAD:
+            out[name][row] = torch.as_tensor(getattr(summary, name), device=on)
+        for name in PER_TOKEN:
+            out[name][row, :, :n] = torch.as_tensor(getattr(summary, name), device=on)
+    return out
