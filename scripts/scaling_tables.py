@@ -301,7 +301,7 @@ def writer_table(data: Path) -> list[str]:
         f"{first['mib']:.0f} MiB of trace-shaped pieces ({shape['batch']} prompts x "
         f"{shape['tokens']} tokens x {shape['layers']} layers x d = {shape['d']}, float32 "
         "states and the other variables of a `positions=all` trace), written as "
-        "`tokenfield trace --out` writes them, then the file system synced; alternating "
+        "a streamed `tokenfield trace` writes them, then the file system synced; alternating "
         "with the same bytes written to one plain file and synced the same way. Medians "
         "over the alternations; the machine was shared with other jobs (load average "
         "given):",

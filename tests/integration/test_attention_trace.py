@@ -172,6 +172,13 @@ def test_cli_trace_with_attention_and_lens(tmp_path, capsys):
     assert ds.attn_sink_mass.sizes == {"particle": 9, "block": 3, "head": 4}
     # the CLI leaves the model's SDPA running: the queries-and-keys read-out
     assert tf.read_run_info(tmp_path / "r").config["attention"]["attn_implementation"] == "sdpa"
+    # --attention-readout eager: the eager path, recorded, with the same statistics
+    argv = ["trace", "-m", str(directory), "-p", str(prompts), "--positions", "all"]
+    main([*argv, "--out", str(tmp_path / "e"), "--attention", "--attention-readout", "eager"])
+    assert tf.read_run_info(tmp_path / "e").config["attention"]["attn_implementation"] == "eager"
+    eager = xr.open_zarr(tmp_path / "e" / "trajectory.zarr")
+    for name in PER_HEAD + PER_TOKEN:
+        np.testing.assert_allclose(eager[f"attn_{name}"], ds[f"attn_{name}"], atol=1e-5)
     capsys.readouterr()
 
 

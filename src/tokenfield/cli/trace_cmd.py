@@ -123,6 +123,16 @@ def trace_command(
             "model's SDPA left running (eager attention for a model that cannot).",
         ),
     ] = False,
+    attention_readout: Annotated[
+        str,
+        typer.Option(
+            "--attention-readout",
+            help="With --attention: 'auto' (queries and keys with SDPA where the model "
+            "supports it, else eager attention), 'sdpa' (that path, or an error) or 'eager' "
+            "(the model switched to eager attention for the trace; resumes a run started "
+            "that way).",
+        ),
+    ] = "auto",
     logit_lens: Annotated[
         bool,
         typer.Option(
@@ -187,6 +197,7 @@ def trace_command(
         chat=chat,
         truncate=truncate,
         attention=attention,
+        attention_readout=attention_readout,
         logit_lens=logit_lens,
         generate=generate,
         steer=None if steer is None else (steer, alpha, steer_positions),

@@ -65,6 +65,7 @@ def trace(
     truncate: bool = False,
     top_k: int = 5,
     attention: bool = False,
+    attention_readout: str = "auto",
     logit_lens: bool = False,
     lens_k: int = 5,
     generate: int = 0,
@@ -101,6 +102,8 @@ def trace(
             statistics (from the queries and keys, the model's SDPA left running,
             or with eager attention where the model cannot; see
             :mod:`tokenfield.models.attention_readout`).
+        attention_readout: ``"auto"``, ``"sdpa"`` or ``"eager"``: which attention
+            read-out (:func:`~tokenfield.models.attention_readout.readout_path`).
         logit_lens: also read every last-token state through the final norm
             and the unembedding (causal models with an output embedding).
         lens_k: top tokens kept per time by the logit lens.
@@ -163,6 +166,7 @@ def trace(
         truncate=truncate,
         top_k=top_k,
         attention=attention,
+        attention_readout=attention_readout,
         logit_lens=logit_lens,
         lens_k=lens_k,
         generate=generate,
