@@ -115,6 +115,10 @@ class RunWriter:
         flush_pieces: the most pieces kept in memory (a piece's Python objects and
             indexes take far more memory than its ``nbytes`` when it is small:
             measured about 0.7 MiB of resident memory per 150 kB piece).
+        size_hint: how many rows the run will hold, when the caller knows
+            (a trace: its particles): a buffered run's 1-D coordinates are
+            chunked by at most this many rows, so that a small run does not
+            encode, write and read back chunks padded to :data:`COORD_CHUNK` rows.
         background: with ``flush_seconds``, write the pieces in a background
             thread while the caller computes the next ones (one write at a
             time; at most ``flush_bytes`` more wait in memory meanwhile). An
@@ -153,8 +157,10 @@ class RunWriter:
         flush_bytes: int = 64 << 20,
         flush_pieces: int = 64,
         background: bool = False,
+        size_hint: int | None = None,
     ):
         self.path = Path(path)
+        self.size_hint = int(size_hint) if size_hint else None
         self._executor: ThreadPoolExecutor | None = None
         self._writing: Future[None] | None = None
         self._inflight: list[tuple[xr.Dataset, int, dict[str, Any]]] = []  # what it writes
@@ -167,6 +173,9 @@ class RunWriter:
         self._pending_bytes = 0
         self._last_flush = time.monotonic()
         self.config = canonical_config(config)
+        # every piece carries these attrs: one string, made once (a trace's config
+        # lists its prompts, so a string per piece grew with the prompts twice over)
+        self._attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": kind}
         check_writable_dir(self.path)
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output path '{self.path}' is a file", "choose a directory for --out")
@@ -397,7 +406,7 @@ class RunWriter:
         :meth:`flush`; ``done`` is recorded when it is written.
         """
         piece = piece.copy()
-        piece.attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": self.info.kind}
+        piece.attrs = dict(self._attrs)
         self._pending.append((piece, int(done), progress))
         self._pending_bytes += int(piece.nbytes)
         if (
@@ -468,7 +477,8 @@ class RunWriter:
                     if not buffered:
                         return chunk
                     if var.ndim == 1:
-                        return max(chunk, COORD_CHUNK)
+                        hint = COORD_CHUNK if self.size_hint is None else self.size_hint
+                        return max(chunk, min(COORD_CHUNK, hint))
                     row_bytes = var.dtype.itemsize * var.size // max(1, var.sizes[self.append_dim])
                     return max(1, min(chunk, CHUNK_BYTES // max(1, row_bytes)))
 
