@@ -22,8 +22,8 @@ no part of creating and reading one back).
 With ``--rss``, also the peak resident memory of a streamed ``positions="all"``
 trace of 200 and of 2,000 prompts (``--rss-20000``: and 20,000) by a tiny
 random-weight Llama (4 blocks, d = 64, the test suite's word tokenizer; prompts
-of 8 to 16 words), each in a fresh subprocess, sampled every 5 ms during the
-trace, beside the RSS just before it and the trace's wall time; targets (issue
+of 8 to 16 words, one torch thread), each in a fresh subprocess, sampled every
+5 ms during the trace, beside the RSS just before it and the trace's wall time; targets (issue
 25): 2,000 <= 1.5x 200 and 20,000 <= 1.2x 200. ``--rss-only`` skips the timed
 cases (and the model load).
 
@@ -54,6 +54,7 @@ RSS_SCRIPT = textwrap.dedent(
     import sys, tempfile, threading, time
     sys.path.insert(0, {root!r})
     import psutil, torch, transformers as tr
+    torch.set_num_threads(1)
     from tests.integration.tiny import WORDS, tiny_tokenizer
     from tokenfield.models.load import wrap_model
     import tokenfield as tf

@@ -234,22 +234,29 @@ def streaming_table(data: Path) -> list[str]:
 def rss_lines(data: Path) -> list[str]:
     r = load(data, "cpu2-rss")
     sizes = sorted(int(key.rsplit("_", 1)[1]) for key in r if key.startswith("rss_peak_kib_"))
+    timed = all(f"rss_seconds_{n}" in r for n in sizes)  # recorded since issue 25
     lines = [
-        "| prompts | RSS just before the trace | peak RSS during it | growth | peak / peak at 200 |",
-        "|---:|---:|---:|---:|---:|",
+        "| prompts | RSS just before the trace | peak RSS during it | growth | peak / peak at 200 |"
+        + (" trace's wall time |" if timed else ""),
+        "|---:|---:|---:|---:|---:|" + ("---:|" if timed else ""),
     ]
     for n in sizes:
         before, peak = r[f"rss_before_kib_{n}"] / 1024, r[f"rss_peak_kib_{n}"] / 1024
         ratio = r[f"rss_peak_kib_{n}"] / r["rss_peak_kib_200"]
         lines.append(
             f"| {n:,} | {before:,.0f} MiB | {peak:,.0f} MiB | {peak - before:,.0f} MiB "
-            f"| {ratio:.2f}x |"
+            f"| {ratio:.2f}x |" + (f" {r[f'rss_seconds_{n}']:.0f} s |" if timed else "")
         )
+    busy = ""
+    if "rss_loadavg_before" in r:
+        low, high = sorted((r["rss_loadavg_before"][0], r["rss_loadavg_after"][0]))
+        busy = f" Load average {low:.1f} to {high:.1f} on the 2 cores."
     return [
         "Memory of a streamed `positions=all` trace (`--rss --rss-20000`: tiny random-weight "
-        "Llama, a fresh process each, RSS sampled every 5 ms):",
+        "Llama, one torch thread, a fresh process each, RSS sampled every 5 ms):",
         "",
         *lines,
+        *([""] + [busy.strip()] if busy else []),
     ]
 
 

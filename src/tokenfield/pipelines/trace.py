@@ -275,4 +275,7 @@ def _trace_into(
             writer.append(piece, done=first + len(batch))
             bar.advance(len(batch))
         writer.finish()
+    # what the trace held (token ids, the writer's config) goes before the run is read
+    # back, so that reading its coordinates reuses that memory instead of adding to it
+    del encoded, writer, tracer
     return _open_run(out, allow_partial=False, written=fresh)

@@ -77,19 +77,15 @@ def _open_run(path: str | Path, *, allow_partial: bool, written: bool) -> xr.Dat
         if ds is None:
             ds = xr.open_zarr(store, consolidated=False, **reading)
         # Coordinates (labels, prompts, tokens) are small: load them so that they are
-        # plain numpy arrays; the states stay lazy.
-        # One dask compute for all of them, set in place (no re-alignment per coordinate).
-        lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
-        if lazy:
-            import dask
-
-            # in this thread: a few small reads gain nothing from a thread pool, and on a
-            # busy machine every hand-over to another thread waits for a free core
-            values = dask.compute(
-                *(ds.variables[name].data for name in lazy), scheduler="synchronous"
-            )
-            for name, value in zip(lazy, values, strict=True):
-                ds.variables[name].data = np.asarray(value)
+        # plain numpy arrays; the states stay lazy. Each is set in place (no
+        # re-alignment per coordinate), one after the other (a large run's decoded
+        # chunks are not all held at once), in this thread: a few small reads gain
+        # nothing from a thread pool, and on a busy machine every hand-over to
+        # another thread waits for a free core.
+        for name in list(ds.coords):
+            variable = ds.variables[name]
+            if not isinstance(variable.data, np.ndarray):
+                variable.data = np.asarray(variable.data.compute(scheduler="synchronous"))
     check_against_store(info, ds)
     ds.attrs["run"] = info.to_dict()
     return ds
