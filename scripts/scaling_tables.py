@@ -13,6 +13,9 @@ same machine's 16 cores) and of ``benchmarks/simulate_speed.py --device cuda``
 ``cpu2-workers-2.json`` is ``benchmarks/trace_scale.py --json`` there, and
 ``dtype-difference.json`` is ``scripts/dtype_difference.py --json`` (not a timing). ``h100-before-*`` were measured with the tracer as it was
 before the GPU capture without host waits (same benchmark, same machine kind).
+``cpu2-rss.json`` is ``benchmarks/trace_streaming.py --rss-only --rss-20000 --json``, and
+``cpu2-rss-before.json``, ``cpu2-streaming-last-1-before.json`` the same benchmark run on
+the code before issue 25's fixes.
 """
 
 from __future__ import annotations
@@ -284,8 +287,51 @@ def probes_table(data: Path) -> list[str]:
     return lines
 
 
+def before_after_lines(data: Path) -> list[str]:
+    """Issue 25's two figures, the code before it and after, the same benchmark on the
+    same machine: ``*-before.json`` were measured with the code of commit 92e30eb."""
+    memory = "tokenfield.trace (in memory)"
+    streamed = "tokenfield.trace (streamed to Zarr)"
+    timings = [load(data, "cpu2-streaming-last-1-before"), load(data, "cpu2-streaming-last-1")]
+    runs = [load(data, "cpu2-rss-before"), load(data, "cpu2-rss")]
+    rows = [
+        (
+            f"25-prompt streamed trace / in memory ({label} time; target 1.10x)",
+            [f"{r[key][streamed] / r[key][memory]:.2f}x" for r in timings],
+        )
+        for label, key in (("wall", "wall_medians_s"), ("CPU", "cpu_medians_s"))
+    ]
+    rows.append(
+        (
+            "peak RSS, 20,000 prompts / 200 (target 1.2x)",
+            [f"{r['rss_peak_kib_20000'] / r['rss_peak_kib_200']:.2f}x" for r in runs],
+        )
+    )
+    rows.append(
+        ("the 20,000-prompt trace's wall time", [f"{r['rss_seconds_20000']:.0f} s" for r in runs])
+    )
+    rows.append(
+        (
+            "load average (timing; RSS)",
+            [
+                f"{t['loadavg'][0]:.1f}; {r['rss_loadavg_before'][0]:.1f}"
+                for t, r in zip(timings, runs, strict=True)
+            ],
+        )
+    )
+    return [
+        "Before and after issue 25's fixes (the same benchmark, `--copies 1 --positions last "
+        "--repeats 7` and `--rss-only --rss-20000`, run one after the other on the same "
+        "machine):",
+        "",
+        "| | before | after |",
+        "|---|---:|---:|",
+        *(f"| {label} | {a} | {b} |" for label, (a, b) in rows),
+    ]
+
+
 def render_streaming(data: Path = DATA) -> str:
-    return "\n".join([*streaming_table(data), "", *rss_lines(data)])
+    return "\n".join([*streaming_table(data), "", *rss_lines(data), "", *before_after_lines(data)])
 
 
 def render(data: Path = DATA) -> str:
