@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RSS_SCRIPT = textwrap.dedent(
     """
-    import sys, tempfile, threading, time
+    import shutil, sys, tempfile, threading, time
     sys.path.insert(0, {root!r})
     import psutil, torch, transformers as tr
     torch.set_num_threads(1)
@@ -65,7 +65,8 @@ RSS_SCRIPT = textwrap.dedent(
         name="tiny")
     prompts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(8 + i % 9))
                for i in range({n})]
-    tf.trace(model, prompts[:16], positions="all", out=tempfile.mkdtemp() + "/warm")
+    runs = [tempfile.mkdtemp(), tempfile.mkdtemp()]  # deleted at the end
+    tf.trace(model, prompts[:16], positions="all", out=runs[0] + "/warm")
     process = psutil.Process()
     before, peak, running = process.memory_info().rss, [0], [True]
     def sample():
@@ -75,12 +76,14 @@ RSS_SCRIPT = textwrap.dedent(
     thread = threading.Thread(target=sample)
     thread.start()
     start = time.perf_counter()
-    tf.trace(model, prompts, positions="all", out=tempfile.mkdtemp() + "/run")
+    tf.trace(model, prompts, positions="all", out=runs[1] + "/run")
     seconds = time.perf_counter() - start
     running[0] = False
     thread.join()
     peak[0] = max(peak[0], process.memory_info().rss)
     print(before // 1024, peak[0] // 1024, seconds)
+    for run in runs:
+        shutil.rmtree(run)
     """
 )
 
