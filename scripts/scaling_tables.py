@@ -16,6 +16,9 @@ same machine's 16 cores) and of ``benchmarks/simulate_speed.py --device cuda``
 ``dtype-difference.json`` is ``scripts/dtype_difference.py --json`` (not a timing);
 ``cpu2-attention-<tokens>.json`` are ``benchmarks/attention_readout.py --json`` there. ``h100-before-*`` were measured with the tracer as it was
 before the GPU capture without host waits (same benchmark, same machine kind).
+``cpu2-rss.json`` is ``benchmarks/trace_streaming.py --rss-only --rss-20000 --json``, and
+``cpu2-rss-before.json``, ``cpu2-streaming-last-1-before.json`` the same benchmark run on
+the code before issue 25's fixes.
 """
 
 from __future__ import annotations
@@ -247,22 +250,29 @@ def streaming_table(data: Path) -> list[str]:
 def rss_lines(data: Path) -> list[str]:
     r = load(data, "cpu2-rss")
     sizes = sorted(int(key.rsplit("_", 1)[1]) for key in r if key.startswith("rss_peak_kib_"))
+    timed = all(f"rss_seconds_{n}" in r for n in sizes)  # recorded since issue 25
     lines = [
-        "| prompts | RSS just before the trace | peak RSS during it | growth | peak / peak at 200 |",
-        "|---:|---:|---:|---:|---:|",
+        "| prompts | RSS just before the trace | peak RSS during it | growth | peak / peak at 200 |"
+        + (" trace's wall time |" if timed else ""),
+        "|---:|---:|---:|---:|---:|" + ("---:|" if timed else ""),
     ]
     for n in sizes:
         before, peak = r[f"rss_before_kib_{n}"] / 1024, r[f"rss_peak_kib_{n}"] / 1024
         ratio = r[f"rss_peak_kib_{n}"] / r["rss_peak_kib_200"]
         lines.append(
             f"| {n:,} | {before:,.0f} MiB | {peak:,.0f} MiB | {peak - before:,.0f} MiB "
-            f"| {ratio:.2f}x |"
+            f"| {ratio:.2f}x |" + (f" {r[f'rss_seconds_{n}']:.0f} s |" if timed else "")
         )
+    busy = ""
+    if "rss_loadavg_before" in r:
+        low, high = sorted((r["rss_loadavg_before"][0], r["rss_loadavg_after"][0]))
+        busy = f" Load average {low:.1f} to {high:.1f} on the 2 cores."
     return [
         "Memory of a streamed `positions=all` trace (`--rss --rss-20000`: tiny random-weight "
-        "Llama, a fresh process each, RSS sampled every 5 ms):",
+        "Llama, one torch thread, a fresh process each, RSS sampled every 5 ms):",
         "",
         *lines,
+        *([""] + [busy.strip()] if busy else []),
     ]
 
 
@@ -355,8 +365,51 @@ def attention_table(data: Path) -> list[str]:
     return lines
 
 
+def before_after_lines(data: Path) -> list[str]:
+    """Issue 25's two figures, the code before it and after, the same benchmark on the
+    same machine: ``*-before.json`` were measured with the code of commit 92e30eb."""
+    memory = "tokenfield.trace (in memory)"
+    streamed = "tokenfield.trace (streamed to Zarr)"
+    timings = [load(data, "cpu2-streaming-last-1-before"), load(data, "cpu2-streaming-last-1")]
+    runs = [load(data, "cpu2-rss-before"), load(data, "cpu2-rss")]
+    rows = [
+        (
+            f"25-prompt streamed trace / in memory ({label} time; target 1.10x)",
+            [f"{r[key][streamed] / r[key][memory]:.2f}x" for r in timings],
+        )
+        for label, key in (("wall", "wall_medians_s"), ("CPU", "cpu_medians_s"))
+    ]
+    rows.append(
+        (
+            "peak RSS, 20,000 prompts / 200 (target 1.2x)",
+            [f"{r['rss_peak_kib_20000'] / r['rss_peak_kib_200']:.2f}x" for r in runs],
+        )
+    )
+    rows.append(
+        ("the 20,000-prompt trace's wall time", [f"{r['rss_seconds_20000']:.0f} s" for r in runs])
+    )
+    rows.append(
+        (
+            "load average (timing; RSS)",
+            [
+                f"{t['loadavg'][0]:.1f}; {r['rss_loadavg_before'][0]:.1f}"
+                for t, r in zip(timings, runs, strict=True)
+            ],
+        )
+    )
+    return [
+        "Before and after issue 25's fixes (the same benchmark, `--copies 1 --positions last "
+        "--repeats 7` and `--rss-only --rss-20000`, run one after the other on the same "
+        "machine):",
+        "",
+        "| | before | after |",
+        "|---|---:|---:|",
+        *(f"| {label} | {a} | {b} |" for label, (a, b) in rows),
+    ]
+
+
 def render_streaming(data: Path = DATA) -> str:
-    return "\n".join([*streaming_table(data), "", *rss_lines(data)])
+    return "\n".join([*streaming_table(data), "", *rss_lines(data), "", *before_after_lines(data)])
 
 
 def render(data: Path = DATA) -> str:

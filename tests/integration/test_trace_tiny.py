@@ -204,3 +204,22 @@ def _strip(ds: xr.Dataset) -> xr.Dataset:
     out = ds.load().copy()
     out.attrs = {}
     return out
+
+
+@pytest.mark.parametrize("positions", ["last", "all"])
+def test_a_small_streamed_run_is_laid_out_for_its_size_and_read_back_whole(tmp_path, positions):
+    """A streamed trace knows its particles before it writes: its 1-D coordinates
+    are one chunk of exactly that many rows (not COORD_CHUNK rows of padding to
+    encode and decode), and the Dataset it returns (read back without the at-rest
+    checks) is the run as open_run and plain xarray read it."""
+    import zarr
+
+    tiny = tiny_loaded("llama")
+    ds = tf.trace(tiny, PROMPTS, positions=positions, batch_size=2, out=tmp_path / "r")
+    store = tmp_path / "r" / "trajectory.zarr"
+    group = zarr.open_group(str(store), mode="r")
+    for name in ("prompt", "token", "position", "is_last"):
+        assert group[name].chunks == (ds.sizes["particle"],), name
+    xr.testing.assert_identical(ds.load(), tf.open_run(tmp_path / "r").load())
+    plain = xr.open_zarr(store).load()
+    xr.testing.assert_identical(ds.drop_attrs(), plain.drop_attrs())

@@ -388,3 +388,66 @@ def test_a_flush_retried_after_an_interrupted_record_writes_at_the_recorded_size
     ds = open_run(run, allow_partial=True)
     assert ds.sizes["particle"] == 5
     assert list(ds.particle.values) == [0, 1, 2, 3, 4]
+
+
+def test_pending_pieces_share_one_copy_of_a_large_config(tmp_path):
+    """Every piece carries the run's config in its attrs, and a trace's config lists
+    its prompts: a copy per pending piece made the memory of a streamed trace grow
+    with the prompts times the pieces (issue 25: 20,000 prompts, 1.58x the RSS of 200)."""
+    import tracemalloc
+
+    def held_per_piece(prompts: int) -> float:
+        config = {"prompts": [{"text": f"prompt number {i}"} for i in range(prompts)]}
+        writer = RunWriter(
+            tmp_path / f"r{prompts}",
+            "trace",
+            config,
+            append_dim="particle",
+            flush_seconds=1e9,
+            flush_pieces=1000,
+        )
+        pieces = [piece(2 * i, 2) for i in range(21)]
+        tracemalloc.start()
+        try:
+            writer.append(pieces[0], done=1)
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(1, 21):
+                writer.append(pieces[i], done=i + 1)
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+            writer.abandon()
+        return held / 20
+
+    small, large = held_per_piece(10), held_per_piece(20_000)
+    # the config's JSON at 20,000 prompts is about 0.6 MB; a piece's own objects a few kB
+    assert large < small + 4096, (small, large)
+
+
+def test_a_size_hint_fits_the_coordinate_chunks_to_a_small_run(tmp_path):
+    """A buffered run's 1-D coordinates are chunked by the size hint (at least a
+    piece, at most COORD_CHUNK rows), so that a small run does not encode and read
+    back chunks padded to COORD_CHUNK rows; the data are the same."""
+    import zarr
+
+    from tokenfield.runs import COORD_CHUNK
+
+    def run(name: str, hint: int | None) -> tuple[int, xr.Dataset]:
+        writer = RunWriter(
+            tmp_path / name, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9,
+            size_hint=hint,
+        )  # fmt: skip
+        writer.append(buffered_piece(0, 4), done=1)
+        writer.append(buffered_piece(4, 3), done=2)
+        writer.finish()
+        store = tmp_path / name / "trajectory.zarr"
+        array = zarr.open_group(str(store), mode="r")["prompt"]
+        files = array.shards or array.chunks  # the rows of one file on disk
+        return files[0], xr.open_zarr(store).load()  # plain xarray reads it
+
+    rows = {hint: run(f"r{hint}", hint) for hint in (7, 2, None)}
+    assert rows[7][0] == 7
+    assert rows[2][0] == 7  # never less than one chunk (the first write's 7 rows)
+    assert rows[None][0] >= COORD_CHUNK
+    for _rows, ds in rows.values():
+        xr.testing.assert_identical(ds, rows[None][1])

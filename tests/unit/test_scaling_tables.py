@@ -43,3 +43,26 @@ def test_a_changed_writer_measurement_is_caught(tmp_path, capsys):
     path.write_text(json.dumps(result))
     assert script.main(["--check", "--data", str(data)]) == 1
     assert "0.93x" in capsys.readouterr().err
+
+
+def test_the_memory_rows_and_the_before_after_table_read_their_own_files(tmp_path):
+    """Issue 25's figures: the RSS table and the after column come from cpu2-rss.json,
+    the before column from cpu2-rss-before.json (the code before the fixes)."""
+    import json
+    import shutil
+
+    script = load_script()
+    data = tmp_path / "scale"
+    shutil.copytree(ROOT / "docs" / "data" / "scale", data)
+    path = data / "cpu2-rss.json"
+    result = json.loads(path.read_text())
+    result["rss_peak_kib_20000"] = int(result["rss_peak_kib_200"] * 1.1)
+    result["rss_seconds_20000"] = 42.0
+    path.write_text(json.dumps(result))
+    before = json.loads((data / "cpu2-rss-before.json").read_text())
+    was = before["rss_peak_kib_20000"] / before["rss_peak_kib_200"]
+    lines = script.render_streaming(data).splitlines()
+    assert next(x for x in lines if x.startswith("| 20,000 |")).endswith("| 1.10x | 42 s |")
+    row = next(x for x in lines if x.startswith("| peak RSS, 20,000 prompts / 200"))
+    assert row.endswith(f"| {was:.2f}x | 1.10x |")
+    assert next(x for x in lines if x.startswith("| the 20,000-prompt")).endswith("| 42 s |")

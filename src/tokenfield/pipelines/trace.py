@@ -28,13 +28,14 @@ import xarray as xr
 from tokenfield._lock import writer_lock
 from tokenfield._progress import ProgressBar
 from tokenfield.errors import UserError
-from tokenfield.models.batching import Positions
+from tokenfield.models.batching import Encoded, Positions
 from tokenfield.models.load import LoadedModel, ModelSpec, load_model
 from tokenfield.models.trace import Tracer, encode, trace_in_memory
 from tokenfield.models.trace_config import TraceConfig
 from tokenfield.pipelines.shards import trace_parallel, trace_writer
 from tokenfield.prompts import Prompt
 from tokenfield.runs import TRAJECTORY, check_writable_dir, open_run
+from tokenfield.runs.read import _open_run
 
 __all__ = ["FLUSH_SECONDS", "flush_seconds", "run", "trace"]
 
@@ -225,6 +226,13 @@ def _loaded(model: LoadedModel | ModelSpec | str, progress: bool) -> LoadedModel
         return model.load()
 
 
+def particle_count(encoded: Sequence[Encoded], config: TraceConfig) -> int:
+    """The particles a trace of ``encoded`` gives at least (``generate`` adds more)."""
+    if config.positions == "all":
+        return sum(len(item.ids) for item in encoded)
+    return len(encoded)
+
+
 def _trace_into(
     model: LoadedModel, config: TraceConfig, out: str | Path, *, overwrite: bool, progress: bool
 ) -> xr.Dataset:
@@ -237,6 +245,7 @@ def _trace_into(
         overwrite=overwrite,
         flush_seconds=flush_seconds(),
         background=True,  # the store is written while the next batches run
+        size_hint=particle_count(encoded, config),
     )
     if writer.complete:
         writer.close()
@@ -247,6 +256,7 @@ def _trace_into(
         finally:
             writer.close()
     start = writer.done
+    fresh = start == 0  # every chunk is written below, by this process
     particles = int(writer.info.progress.get("size", 0))
     # A partial run begun by a version without token ids resumes in its own layout.
     legacy = start > 0 and not (Path(out) / TRAJECTORY / "token_id").exists()
@@ -270,4 +280,7 @@ def _trace_into(
             writer.append(piece, done=first + len(batch))
             bar.advance(len(batch))
         writer.finish()
-    return open_run(out)
+    # what the trace held (token ids, the writer's config) goes before the run is read
+    # back, so that reading its coordinates reuses that memory instead of adding to it
+    del encoded, writer, tracer
+    return _open_run(out, allow_partial=False, written=fresh)

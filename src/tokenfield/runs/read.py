@@ -41,6 +41,14 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
         >>> ds.states.dims                                # doctest: +SKIP
         ('time', 'particle', 'feature')
     """
+    return _open_run(path, allow_partial=allow_partial, written=False)
+
+
+def _open_run(path: str | Path, *, allow_partial: bool, written: bool) -> xr.Dataset:
+    """:func:`open_run`; ``written``: the run was written whole by this process just
+    now (:func:`tokenfield.trace`'s return value), so the checks for damage at rest
+    (missing chunk files, another tool's codecs) are skipped; each chunk read is
+    still checked against its checksum."""
     info = read_run_info(path)
     if not info.complete and not allow_partial:
         raise UserError(
@@ -52,8 +60,9 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     store = Path(path) / TRAJECTORY
     if not store.exists():
         raise UserError(f"run '{path}' has no {TRAJECTORY}", "re-create it with --overwrite")
-    check_object_codecs(path)  # a Zarr v2 pickle (or other object) codec: one line
-    if info.complete and info.all_chunks:
+    if not written:
+        check_object_codecs(path)  # a Zarr v2 pickle (or other object) codec: one line
+    if info.complete and info.all_chunks and not written:
         check_chunks(path)
     # Every chunk read goes through this getter: a chunk whose checksum does not
     # match (or that does not decode) is one line naming the run, whenever the lazy
@@ -68,15 +77,15 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
         if ds is None:
             ds = xr.open_zarr(store, consolidated=False, **reading)
         # Coordinates (labels, prompts, tokens) are small: load them so that they are
-        # plain numpy arrays; the states stay lazy.
-        # One dask compute for all of them, set in place (no re-alignment per coordinate).
-        lazy = [name for name in ds.coords if not isinstance(ds.variables[name].data, np.ndarray)]
-        if lazy:
-            import dask
-
-            values = dask.compute(*(ds.variables[name].data for name in lazy))
-            for name, value in zip(lazy, values, strict=True):
-                ds.variables[name].data = np.asarray(value)
+        # plain numpy arrays; the states stay lazy. Each is set in place (no
+        # re-alignment per coordinate), one after the other (a large run's decoded
+        # chunks are not all held at once), in this thread: a few small reads gain
+        # nothing from a thread pool, and on a busy machine every hand-over to
+        # another thread waits for a free core.
+        for name in list(ds.coords):
+            variable = ds.variables[name]
+            if not isinstance(variable.data, np.ndarray):
+                variable.data = np.asarray(variable.data.compute(scheduler="synchronous"))
     check_against_store(info, ds)
     ds.attrs["run"] = info.to_dict()
     return ds

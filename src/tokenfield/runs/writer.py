@@ -139,6 +139,10 @@ class RunWriter:
         flush_pieces: the most pieces kept in memory (a piece's Python objects and
             indexes take far more memory than its ``nbytes`` when it is small:
             measured about 0.7 MiB of resident memory per 150 kB piece).
+        size_hint: how many rows the run will hold, when the caller knows
+            (a trace: its particles): a buffered run's 1-D coordinates are
+            chunked by at most this many rows, so that a small run does not
+            encode, write and read back chunks padded to :data:`COORD_CHUNK` rows.
         background: with ``flush_seconds``, write the pieces in a background
             thread while the caller computes the next ones (one write at a
             time; at most ``flush_bytes`` more wait in memory meanwhile). An
@@ -185,9 +189,11 @@ class RunWriter:
         flush_pieces: int = 64,
         background: bool = False,
         compressor: str | None = None,
+        size_hint: int | None = None,
     ):
         self.path = Path(path)
         self.compressor = store_compressor(compressor)
+        self.size_hint = int(size_hint) if size_hint else None
         self._executor: ThreadPoolExecutor | None = None
         self._writing: Future[None] | None = None
         self._inflight: list[tuple[xr.Dataset, int, dict[str, Any]]] = []  # what it writes
@@ -206,6 +212,9 @@ class RunWriter:
         self._written: int | None = None
         self._arrays: dict[str, Any] = {}  # the store's open arrays (see _write_at)
         self.config = canonical_config(config)
+        # every piece carries these attrs: one string, made once (a trace's config
+        # lists its prompts, so a string per piece grew with the prompts twice over)
+        self._attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": kind}
         check_writable_dir(self.path)
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output path '{self.path}' is a file", "choose a directory for --out")
@@ -437,7 +446,7 @@ class RunWriter:
         :meth:`flush`; ``done`` is recorded when it is written.
         """
         piece = piece.copy()
-        piece.attrs = {CONFIG_ATTR: json.dumps(self.config), "kind": self.info.kind}
+        piece.attrs = dict(self._attrs)
         self._pending.append((piece, int(done), progress))
         self._pending_bytes += int(piece.nbytes)
         full = self._pending_bytes >= self.flush_bytes
@@ -524,11 +533,15 @@ class RunWriter:
             if row_bytes:
                 self._align = max(1, min(rows_now, CHUNK_BYTES // row_bytes))
 
+        # 1-D coordinates: chunks (or shards) of COORD_CHUNK rows, or of the run's
+        # size when the caller knows it is smaller (a small run is not padded)
+        coord_rows = min(COORD_CHUNK, self.size_hint or COORD_CHUNK)
+
         def rows(var: xr.Variable) -> int:
             if self._align is None and self.flush_seconds <= 0:
                 return first
             if var.ndim == 1 and self._align is None:
-                return max(first, COORD_CHUNK)
+                return max(first, coord_rows)
             return self._align or first
 
         for name, var in merged.variables.items():
@@ -543,7 +556,7 @@ class RunWriter:
                 # only its own rows (a long plain chunk was read, decoded and
                 # encoded again at every flush: most of the writer's time on
                 # string coordinates)
-                encoding[name]["shards"] = (-(-COORD_CHUNK // self._align) * self._align,)
+                encoding[name]["shards"] = (-(-coord_rows // self._align) * self._align,)
         return encoding
 
     def _write(
