@@ -152,11 +152,26 @@ def measure_attractors(
 
     ``progress(stage, fraction)`` is called as the work advances.
     """
+    from tokenfield.models.attention import eager_attention
+
+    # eager attention for the whole measurement: switching per block call walks
+    # every module of the model each time
+    with eager_attention(model.model):
+        return _measure(model, prompts, config, progress)
+
+
+def _measure(
+    model: Any,
+    prompts: Sequence[Any],
+    config: AttractorConfig,
+    progress: Callable[[str, float], None] | None,
+) -> dict[str, Any]:
     from tokenfield.models.batching import encode_prompts
     from tokenfield.models.jacobian import (
         LayerMap,
         great_circle_runs,
         perturbation_recovery,
+        product_spectra,
         tangent_directions,
         top_singular,
     )
@@ -181,6 +196,7 @@ def measure_attractors(
             "pass {name} with blocks of this model",
         )  # fmt: skip
     ftle_blocks = tuple(range(0, n_blocks, config.ftle_stride))
+    starts = sorted(set(ftle_blocks) | set(blocks))
     n_spec = min(n_prompts, config.spectra_prompts or n_prompts)
     k = config.k
     d = layer_map.states.shape[-1]
@@ -194,7 +210,7 @@ def measure_attractors(
     solver = dict(k=k, oversample=config.oversample, max_iter=config.max_iter, tol=config.tol,
                   seed=config.seed)  # fmt: skip
     chunks = [range(s, min(n_spec, s + config.chunk)) for s in range(0, n_spec, config.chunk)]
-    total_work = len(chunks) * (2 * n_blocks + sum(n_blocks - b for b in ftle_blocks))
+    total_work = len(chunks) * (2 * n_blocks + len(ftle_blocks) * n_blocks)
     done = 0
     for rows in chunks:
         sub = layer_map.select(torch.as_tensor(list(rows)))
@@ -207,25 +223,21 @@ def measure_attractors(
             ang[lo:hi, block] = spec.values.double().cpu().numpy()
             done += 2
             report("block Jacobians", done / total_work)
+        # FTLEs from every start block (and the sensitive directions of the
+        # perturbation blocks) in one set of sweeps through the blocks
+        spec = product_spectra([sub.block_fn(b) for b in range(n_blocks)], sub.states, starts,
+                               **solver)  # fmt: skip
+        values = spec.values.double().cpu().numpy()  # (B, n_start, k)
         for column, block in enumerate(ftle_blocks):
-            spec = top_singular(sub.onward_fn(block), sub.states[:, block], angular=True, **solver)
-            values = spec.values.double().cpu().numpy()
-            ftle[lo:hi, column] = np.log(np.maximum(values, 1e-300)) / (n_blocks - block)
-            ftle_residual[lo:hi, column] = spec.residual[:, 0].double().cpu().numpy()
-            iterations.append(spec.iterations)
-            if block in blocks:
-                vec = spec.right[..., 0]
-                sensitive[lo:hi, blocks.index(block)] = vec.float().cpu().numpy()
-            done += n_blocks - block
-            report("Lyapunov exponents", done / total_work)
-    # sensitive directions at perturbation blocks not on the FTLE grid
-    for index, block in enumerate(blocks):
-        if block in ftle_blocks:
-            continue
-        for rows in chunks:
-            sub = layer_map.select(torch.as_tensor(list(rows)))
-            spec = top_singular(sub.onward_fn(block), sub.states[:, block], angular=True, **solver)
-            sensitive[rows.start : rows.stop, index] = spec.right[..., 0].float().cpu().numpy()
+            at = starts.index(block)
+            ftle[lo:hi, column] = np.log(np.maximum(values[:, at], 1e-300)) / (n_blocks - block)
+            ftle_residual[lo:hi, column] = spec.residual[:, at].double().cpu().numpy()
+        for index, block in enumerate(blocks):
+            vec = spec.right[:, starts.index(block)]
+            sensitive[lo:hi, index] = vec.float().cpu().numpy()
+        iterations.append(spec.iterations)
+        done += len(ftle_blocks) * n_blocks
+        report("Lyapunov exponents", done / total_work)
     arrays.update(jacobian_sv=jac, angular_sv=ang, ftle=ftle, ftle_residual=ftle_residual,
                   sensitive_direction=sensitive)  # fmt: skip
 
