@@ -363,7 +363,8 @@ def product_spectra(
     u_basis = _orth(start_u.to(dtype=states.dtype, device=states.device))
     residual = torch.full((batch, n_start), float("inf"), dtype=states.dtype, device=states.device)
     iterations = 0
-    for iterations in range(1, max_iter + 1):
+    while iterations < max_iter:
+        iterations += 1
         z = backward(u_basis)  # (n_start, B, D, p)
         vz, sigma, uh = torch.linalg.svd(z, full_matrices=False)  # (n, B, D, p), (n, B, p)
         left = u_basis[None] @ uh.transpose(-1, -2)  # (n, B, D, p): M^T u_i = s_i v_i
