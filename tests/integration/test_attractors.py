@@ -184,6 +184,31 @@ def test_small_perturbations_follow_the_linear_map():
     assert not bool(out["flipped"][0].any())
 
 
+def test_final_readout_kl_is_the_plain_kl():
+    """The perturbed rows' KL(p_ref || p), computed without repeating the reference
+    per row (negative entropy, cross term, log-normaliser), equals the textbook
+    ``sum p_ref (log p_ref - log p)`` from float64 log_softmax of the same logits,
+    row by row. The logits are float32 (``LayerMap.logits``): the difference is
+    float32 rounding of ``log V``-sized terms, under 1e-6 (a wrong prompt order or
+    a missing normaliser is off by 1e-3 or more here). The top-1 token is the argmax."""
+    from tokenfield.models.jacobian import _final_readout
+
+    layer_map = _layer_map(double=True)
+    final = layer_map.states[:, -1]
+    gen = torch.Generator().manual_seed(3)
+    rows = final.repeat(3, 1) + 0.3 * torch.randn(3 * final.shape[0], final.shape[1],
+                                                  generator=gen, dtype=final.dtype)  # fmt: skip
+    ref_logits = layer_map.logits(final)
+    kl, top = _final_readout(layer_map, rows, ref_logits)
+    ref_logp = torch.log_softmax(ref_logits.double(), -1)
+    logp = torch.log_softmax(layer_map.logits(rows).double(), -1)
+    ref = ref_logp.repeat(3, 1)
+    expected = (ref.exp() * (ref - logp)).sum(-1)
+    assert float(expected.min()) > 1e-6  # the rows moved: a real, nonzero KL
+    assert float((kl.double() - expected).abs().max()) < 1e-6
+    assert torch.equal(top, logp.argmax(-1))
+
+
 def test_attractors_command_end_to_end(tmp_path, cli):
     """Trace a tiny model, run 'tokenfield attractors' on it: attractors.json with
     verdicts for the model and its random copy, attractors.zarr with the arrays;

@@ -636,14 +636,24 @@ def _chunks(copies: int, batch: int, max_rows: int) -> Iterator[slice]:
 
 
 def _final_readout(
-    layer_map: LayerMap, x_final: torch.Tensor, ref_logp: torch.Tensor
+    layer_map: LayerMap, x_final: torch.Tensor, ref_logits: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL(p_ref || p) and the top-1 token of raw final states ``(m*B, d)``."""
-    logp = torch.log_softmax(layer_map.logits(x_final), dim=-1)
-    reps = x_final.shape[0] // ref_logp.shape[0]
-    ref = ref_logp.repeat(reps, 1)
-    kl = (ref.exp() * (ref - logp)).sum(-1).clamp_min(0)
-    return kl, logp.argmax(-1)
+    """KL(p_ref || p) and the top-1 token of raw final states ``(m*B, d)``.
+
+    With ``delta = z - z_ref`` (logits minus the prompt's reference logits),
+    ``KL = log sum p_ref e^delta - sum p_ref delta``: exact, one log-normaliser and
+    one cross term per row, ``p_ref`` computed once per prompt and broadcast (never
+    repeated per row), and small terms for small perturbations (no cancellation
+    of two log-probabilities of size ``log V``).
+    """
+    logits = layer_map.logits(x_final)  # (m*B, V)
+    batch = ref_logits.shape[0]
+    reps = x_final.shape[0] // batch
+    ref_logp = torch.log_softmax(ref_logits, dim=-1)  # (B, V)
+    delta = logits.reshape(reps, batch, -1) - ref_logits  # (m, B, V)
+    cross = torch.einsum("rbv,bv->rb", delta, ref_logp.exp())
+    kl = torch.logsumexp(delta + ref_logp, dim=-1) - cross
+    return kl.reshape(-1).clamp_min(0), logits.argmax(-1)
 
 
 @torch.no_grad()
@@ -668,8 +678,8 @@ def perturbation_recovery(
     x = layer_map.states[:, start]  # (B, d)
     norm, y = x.norm(dim=-1, keepdim=True), _unit(x)
     final = layer_map.states[:, -1]
-    ref_logp = torch.log_softmax(layer_map.logits(final), dim=-1)
-    ref_top = ref_logp.argmax(-1)
+    ref_logits = layer_map.logits(final)  # (B, V)
+    ref_top = ref_logits.argmax(-1)
     theta = torch.as_tensor(list(thetas), dtype=x.dtype, device=x.device)
     n_theta, n_dir = theta.numel(), directions.shape[0]
     # (n_theta, n_dir, B, d) starting states, flattened to copies of the batch
@@ -686,7 +696,7 @@ def perturbation_recovery(
         rows = slice(part.start * batch, part.stop * batch)
         out = layer_map.onward(start, start_states[rows])
         angle[rows] = angle_between(out, final.repeat(part.stop - part.start, 1))
-        kl[rows], top[rows] = _final_readout(layer_map, out, ref_logp)
+        kl[rows], top[rows] = _final_readout(layer_map, out, ref_logits)
     shape = (n_theta, n_dir, batch)
     return {
         "angle_ratio": angle.reshape(shape) / theta[:, None, None],
