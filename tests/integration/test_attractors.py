@@ -183,9 +183,12 @@ def test_sweep_spectra_match_the_product_from_every_start():
         return eye - y[:, :, None] * y[:, None, :]
 
     fns = [layer_map.block_fn(b) for b in range(n)]
-    for angular in (True, False):
+    p = n + 1 + 8  # columns: starts + k - 1 + oversample
+    # plain in one batch; angular in slices of two prompts (max_rows), as in the pipeline
+    for angular, max_rows in ((True, 2 * n * p), (False, 8192)):
         spec = product_spectra(fns, states, range(n), 2, angular=angular, oversample=8,
-                               tol=1e-7, max_iter=400)  # fmt: skip
+                               tol=1e-7, max_iter=400, max_rows=max_rows)  # fmt: skip
+        assert spec.values.shape == (states.shape[0], n, 2)
         assert spec.starts == tuple(range(n))
         # converged: the forward sweep's M_l v_l agrees with sigma_1 u_1 (float64
         # stalls near sqrt(eps) = 1.5e-8; a wrong forward sweep never gets there)

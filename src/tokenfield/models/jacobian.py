@@ -327,6 +327,15 @@ def lanczos_singular(
     return Spectrum(sigma[:, :kk], vectors, residual[:, :kk], n)
 
 
+def _rows_of(f: Map, batch: int, rows: slice) -> Map:
+    """A :meth:`LayerMap.block_fn` map of ``batch`` prompts restricted to the prompts
+    ``rows`` (other maps cannot be sliced: the error says to raise ``max_rows``)."""
+    owner = getattr(f, "layer_map", None)
+    if owner is not None:
+        return owner.select(torch.arange(batch)[rows]).block_fn(f.block_index)
+    raise ValueError("product_spectra can slice only LayerMap.block_fn maps; pass max_rows larger")
+
+
 @dataclass(frozen=True)
 class ProductSpectrum:
     """Top singular values of the products ``M_l`` from every start block ``l`` to the end.
@@ -360,6 +369,7 @@ def product_spectra(
     max_iter: int = 50,
     tol: float = 1e-4,
     seed: int = 0,
+    max_rows: int = 8192,
 ) -> ProductSpectrum:
     """Top-k singular values of ``M_l = P^perp(y_L) J_{L-1} ... J_l P^perp(y_l) |x_l|/|x_L|``
     for every start block ``l`` in ``starts`` at once (``J`` alone without ``angular``).
@@ -387,11 +397,33 @@ def product_spectra(
     ``M_l``) or after ``max_iter`` sweeps; the residuals are returned. The cost per
     iteration is ``2 L p`` column passes through one block, against
     ``2 (k + oversample) sum_l (L - l)`` for a separate subspace iteration per start.
+    The linearisations of all ``L`` blocks are held at once (``L p B`` rows of
+    saved activations), so the prompts are taken in slices of at most
+    ``max_rows / (L p)`` (results concatenated, ``iterations`` the most any took).
     """
     if k < 1:
         raise UserError(f"k must be at least 1, got {k}", "pass k >= 1")
     starts = tuple(sorted({int(s) for s in starts}))
     n_blocks = len(blocks)
+    batch = states.shape[0]
+    p_cols = len(starts) + max(0, k - 1) + max(0, oversample)
+    step = max(1, max_rows // max(1, n_blocks * p_cols))
+    if batch > step:  # the linearisations of all blocks are held: bound their rows
+        parts = [
+            product_spectra(
+                [_rows_of(f, batch, slice(i, min(batch, i + step))) for f in blocks],
+                states[i : i + step], starts, k, angular=angular, oversample=oversample,
+                max_iter=max_iter, tol=tol, seed=seed, max_rows=max_rows,
+            )
+            for i in range(0, batch, step)
+        ]  # fmt: skip
+        return ProductSpectrum(
+            starts,
+            torch.cat([q.values for q in parts]),
+            torch.cat([q.right for q in parts]),
+            torch.cat([q.residual for q in parts]),
+            max(q.iterations for q in parts),
+        )
     if not starts or starts[0] < 0 or starts[-1] >= n_blocks:
         raise ValueError(f"start blocks must lie in 0..{n_blocks - 1}, got {list(starts)}")
     batch, shape = states.shape[0], tuple(states.shape[2:])
@@ -673,7 +705,11 @@ class LayerMap:
         return x
 
     def block_fn(self, index: int) -> Map:
-        return lambda x: self.block(index, x)
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return self.block(index, x)
+
+        fn.layer_map, fn.block_index = self, index  # type: ignore[attr-defined]
+        return fn
 
     def onward_fn(self, start: int, stop: int | None = None) -> Map:
         return lambda x: self.onward(start, x, stop)
