@@ -280,10 +280,6 @@ def test_attractors_command_end_to_end(tmp_path, cli):
     report = cli(["report", "--section", run / "attractors.html", "-o", tmp_path / "r.html"])
     assert report.code == 0, report.err
     assert "Is it an attractor?" in (tmp_path / "r.html").read_text()
-    # the run's own section comes with the run (once), without --section
-    report = cli(["report", run, "-o", tmp_path / "r2.html"])
-    assert report.code == 0, report.err
-    assert (tmp_path / "r2.html").read_text().count("Is it an attractor?") == 1
     ds = xr.open_zarr(run / "attractors.zarr")
     assert ds["ftle"].shape == (len(MULTI), 3, 4)
     assert ds["random_basin_radius"].shape == (len(data["trained"]["blocks"]), len(MULTI))
