@@ -89,7 +89,8 @@ def main() -> None:
     wall0, cpu0 = time.perf_counter(), time.process_time()
 
     def progress(stage: str, fraction: float) -> None:
-        print(f"  {time.perf_counter() - wall0:8.1f}s {stage} {100 * fraction:5.1f}%", flush=True)
+        print(f"  {time.perf_counter() - wall0:8.1f}s wall {time.process_time() - cpu0:8.1f}s cpu"
+              f" {stage} {100 * fraction:5.1f}%", flush=True)  # fmt: skip
 
     trained = measure_attractors(model, prompts, config, progress=progress)
     timing = {"trained_wall_s": time.perf_counter() - wall0,

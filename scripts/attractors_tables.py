@@ -48,8 +48,9 @@ def render_model(title: str, data: dict) -> str:
     lines.append(
         f"{trained['n_prompts']} prompts of `{data['prompt_set']}` (round-robin over its "
         f"categories); spectra and FTLEs on the first {trained['spectra_prompts']}; "
-        f"k = {config['k']}, {config['max_iter']} subspace iterations at most "
-        f"(largest relative residual of the top pair: trained "
+        f"k = {config['k']}, at most {config['max_iter']} FTLE iterations (used: trained "
+        f"{trained['iterations_max']}, random {random['iterations_max']}; "
+        f"largest relative residual of the top pair: trained "
         f"{trained['ftle_residual_max']:.2g}, random {random['ftle_residual_max']:.2g}); "
         f"{config['directions']} random directions + the most sensitive one on "
         f"{len(trained['thetas'])} angles; {trained['basin_different']['n_pairs']} "

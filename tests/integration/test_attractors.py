@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from tests.integration.tiny import PROMPTS, tiny_loaded
-from tokenfield.models.jacobian import LayerMap, tangent_maps, top_singular
+from tokenfield.models.jacobian import (
+    LayerMap,
+    lanczos_singular,
+    product_spectra,
+    tangent_maps,
+    top_singular,
+)
 
 MULTI = [p for p in PROMPTS if len(p.split()) > 1]
 
@@ -106,6 +112,39 @@ def test_singular_values_match_the_full_jacobian():
     assert float(((spec.values - exact_angular).abs() / exact_angular).max()) < 1e-5
     # the most sensitive direction is tangent
     assert float((spec.right[..., 0] * y).sum(-1).abs().max()) < 1e-10
+    # stopped early, the reported residual bounds the top value's error
+    for steps in (2, 3, 4):
+        spec = lanczos_singular(f, x, 1, angular=True, tol=1e-12, max_iter=steps)
+        top = torch.linalg.svdvals(p_out @ jac @ p_in * scale)[:, 0]
+        error = (spec.values[:, 0] - top).abs() / top
+        assert bool((error <= spec.residual[:, 0] * (1 + 1e-9)).all())
+
+
+def test_lanczos_singular_values_match_the_full_jacobian():
+    """Golub-Kahan-Lanczos (the block spectra's solver) against the SVD of the block
+    Jacobian built column by column and of its angular part (float64): the top value
+    within 1e-8 relative and the top four within 1e-4 at tol 1e-10; the residual it
+    reports is below tol, and after 2-4 steps it bounds the top value's error; the
+    sensitive direction is tangent."""
+    layer_map = _layer_map(double=True)
+    block = 1
+    x = layer_map.states[:, block]
+    f = layer_map.block_fn(block)
+    jac = _full_jacobian(f, x)
+    y, out = x / x.norm(dim=-1, keepdim=True), f(x)
+    y_out = out / out.norm(dim=-1, keepdim=True)
+    eye = torch.eye(x.shape[-1], dtype=x.dtype)
+    p_in = eye - y[:, :, None] * y[:, None, :]
+    p_out = eye - y_out[:, :, None] * y_out[:, None, :]
+    scale = (x.norm(dim=-1) / out.norm(dim=-1))[:, None, None]
+    for angular, matrix in ((False, jac), (True, p_out @ jac @ p_in * scale)):
+        exact = torch.linalg.svdvals(matrix)[:, :4]
+        spec = lanczos_singular(f, x, 4, angular=angular, tol=1e-10, max_iter=64)
+        assert float(spec.residual[:, 0].max()) <= 1e-10
+        rel = (spec.values - exact).abs() / exact
+        assert float(rel[:, 0].max()) < 1e-8
+        assert float(rel.max()) < 1e-4
+    assert float((spec.right[..., 0] * y).sum(-1).abs().max()) < 1e-10
 
 
 def test_block_product_matches_the_composite_map():
@@ -127,6 +166,47 @@ def test_block_product_matches_the_composite_map():
     assert float(((spec.values[:, 0] - exact).abs() / exact).max()) < 1e-6
 
 
+def test_sweep_spectra_match_the_product_from_every_start():
+    """The FTLE sweep (every start block at once) against the SVD of the product of
+    full block Jacobians ``P(y_L) J_{L-1} ... J_l P(y_l) |x_l| / |x_L|`` from each
+    start ``l`` (float64): the residual below 1e-7, the top value within 1e-6
+    relative, its right vector the top right singular vector (|cos| within 1e-6 of
+    1), the plain product too."""
+    layer_map = _layer_map(double=True)
+    n = layer_map.n_blocks
+    states = layer_map.states
+    jacs = [_full_jacobian(layer_map.block_fn(b), states[:, b]) for b in range(n)]
+    unit = states / states.norm(dim=-1, keepdim=True)
+    eye = torch.eye(states.shape[-1], dtype=states.dtype)
+
+    def proj(y):
+        return eye - y[:, :, None] * y[:, None, :]
+
+    fns = [layer_map.block_fn(b) for b in range(n)]
+    p = n + 1 + 8  # columns: starts + k - 1 + oversample
+    # plain in one batch; angular in slices of two prompts (max_rows), as in the pipeline
+    for angular, max_rows in ((True, 2 * n * p), (False, 8192)):
+        spec = product_spectra(fns, states, range(n), 2, angular=angular, oversample=8,
+                               tol=1e-7, max_iter=400, max_rows=max_rows)  # fmt: skip
+        assert spec.values.shape == (states.shape[0], n, 2)
+        assert spec.starts == tuple(range(n))
+        # converged: the forward sweep's M_l v_l agrees with sigma_1 u_1 (float64
+        # stalls near sqrt(eps) = 1.5e-8; a wrong forward sweep never gets there)
+        assert float(spec.residual.max()) <= 1e-7
+        for start in range(n):
+            product = jacs[start]
+            for b in range(start + 1, n):
+                product = jacs[b] @ product
+            if angular:
+                scale = states[:, start].norm(dim=-1) / states[:, -1].norm(dim=-1)
+                product = proj(unit[:, -1]) @ product @ proj(unit[:, start]) * scale[:, None, None]
+            _, sv, vh = torch.linalg.svd(product)
+            got = spec.values[:, start, 0]
+            assert float(((got - sv[:, 0]).abs() / sv[:, 0]).max()) < 1e-6
+            cos = (spec.right[:, start] * vh[:, 0]).sum(-1).abs()
+            assert float((1 - cos).abs().max()) < 1e-6
+
+
 def test_small_perturbations_follow_the_linear_map():
     """At theta = 1e-4 along the most sensitive direction, the final angle ratio
     is the top angular singular value of the product (the linear regime), and the
@@ -144,6 +224,31 @@ def test_small_perturbations_follow_the_linear_map():
     ratio = out["angle_ratio"][0, 0]
     assert float(((ratio - spec.values[:, 0]).abs() / spec.values[:, 0]).max()) < 1e-2
     assert not bool(out["flipped"][0].any())
+
+
+def test_final_readout_kl_is_the_plain_kl():
+    """The perturbed rows' KL(p_ref || p), computed without repeating the reference
+    per row (negative entropy, cross term, log-normaliser), equals the textbook
+    ``sum p_ref (log p_ref - log p)`` from float64 log_softmax of the same logits,
+    row by row. The logits are float32 (``LayerMap.logits``): the difference is
+    float32 rounding of ``log V``-sized terms, under 1e-6 (a wrong prompt order or
+    a missing normaliser is off by 1e-3 or more here). The top-1 token is the argmax."""
+    from tokenfield.models.jacobian import _final_readout
+
+    layer_map = _layer_map(double=True)
+    final = layer_map.states[:, -1]
+    gen = torch.Generator().manual_seed(3)
+    rows = final.repeat(3, 1) + 0.3 * torch.randn(3 * final.shape[0], final.shape[1],
+                                                  generator=gen, dtype=final.dtype)  # fmt: skip
+    ref_logits = layer_map.logits(final)
+    kl, top = _final_readout(layer_map, rows, ref_logits)
+    ref_logp = torch.log_softmax(ref_logits.double(), -1)
+    logp = torch.log_softmax(layer_map.logits(rows).double(), -1)
+    ref = ref_logp.repeat(3, 1)
+    expected = (ref.exp() * (ref - logp)).sum(-1)
+    assert float(expected.min()) > 1e-6  # the rows moved: a real, nonzero KL
+    assert float((kl.double() - expected).abs().max()) < 1e-6
+    assert torch.equal(top, logp.argmax(-1))
 
 
 def test_attractors_command_end_to_end(tmp_path, cli):

@@ -11,7 +11,12 @@ import torch
 
 from tokenfield.analysis import attractors as stats
 from tokenfield.meanfield.stability import discrete_growth_rates
-from tokenfield.models.jacobian import great_circle, radial_project, top_singular
+from tokenfield.models.jacobian import (
+    great_circle,
+    product_spectra,
+    radial_project,
+    top_singular,
+)
 from tokenfield.particles.dynamics import Dynamics
 from tokenfield.particles.integrate import Euler
 
@@ -75,6 +80,40 @@ def test_equispaced_state_gives_the_discrete_growth_rates():
     rates = _exponents(dynamics, x0, k=4)
     # Euler's log(1 + dt lambda) / dt differs from lambda by dt lambda^2 / 2 < 1e-4
     np.testing.assert_allclose(rates, expected, atol=1e-3)
+
+
+def _sweep_exponents(dynamics: Dynamics, x0: torch.Tensor, k: int, starts) -> np.ndarray:
+    """The FTLEs from every start step by :func:`product_spectra`: each Euler step
+    is a block, the trajectory the states. ``(len(starts), k)`` rates."""
+    step = _flow_map(dynamics, steps=1)
+    states = [x0]
+    for _ in range(STEPS):
+        states.append(step(states[-1]))
+    spec = product_spectra([step] * STEPS, torch.stack(states, 1), starts, k,
+                           oversample=x0[0].numel(), tol=1e-9, max_iter=20)  # fmt: skip
+    lengths = np.asarray([STEPS - s for s in spec.starts], dtype=float)[:, None]
+    return np.log(spec.values[0].numpy()) / (lengths * DT)
+
+
+def test_sweep_over_start_steps_gives_the_linear_rates():
+    """The one-sweep FTLEs from every start block, on the simulator's own Euler steps
+    as blocks: at the synchronised state one neutral mode and rate -1 from every
+    start; at the equispaced state the closed-form rates (both fixed points, so every
+    start gives the same rates). A skipped block or a missing radial projection
+    moves them by far more than 1e-3."""
+    n = 5
+    x0 = torch.zeros(1, n, 2, dtype=torch.float64)
+    x0[..., 0] = 1.0
+    rates = _sweep_exponents(Dynamics(beta=4.0), x0, 3, starts=(0, 5, STEPS - 2))
+    np.testing.assert_allclose(rates[:, 0], 0.0, atol=1e-3)
+    np.testing.assert_allclose(rates[:, 1:], -1.0, atol=1e-3)
+    n, beta = 6, 1.0
+    angles = torch.arange(n, dtype=torch.float64) * 2 * math.pi / n
+    x0 = torch.stack([torch.cos(angles), torch.sin(angles)], -1)[None]
+    exact = discrete_growth_rates(np.arange(n), beta, n, normalization="sa")
+    expected = np.sort(exact)[::-1][:4]
+    rates = _sweep_exponents(Dynamics(beta=beta, normalization="sa"), x0, 4, starts=(0, 10))
+    np.testing.assert_allclose(rates, np.broadcast_to(expected, rates.shape), atol=1e-3)
 
 
 def test_radial_projection_is_orthogonal():

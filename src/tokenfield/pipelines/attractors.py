@@ -55,7 +55,8 @@ class AttractorConfig:
         k: singular values / FTLEs kept per block.
         oversample: extra columns of the subspace iteration.
         tol: relative residual of the top singular pair at which it stops.
-        max_iter: its iteration cap (the residual reached is saved).
+        max_iter: its iteration cap (the residual reached is saved); the block
+            spectra's Lanczos runs up to three times as many steps.
         thetas: the perturbation angles (radians, increasing, in (0, pi/2]).
         directions: random tangent directions per angle (>= 16 by the spec).
         blocks: start blocks of the perturbations, basins and the sensitive
@@ -152,13 +153,28 @@ def measure_attractors(
 
     ``progress(stage, fraction)`` is called as the work advances.
     """
+    from tokenfield.models.attention import eager_attention
+
+    # eager attention for the whole measurement: switching per block call walks
+    # every module of the model each time
+    with eager_attention(model.model):
+        return _measure(model, prompts, config, progress)
+
+
+def _measure(
+    model: Any,
+    prompts: Sequence[Any],
+    config: AttractorConfig,
+    progress: Callable[[str, float], None] | None,
+) -> dict[str, Any]:
     from tokenfield.models.batching import encode_prompts
     from tokenfield.models.jacobian import (
         LayerMap,
         great_circle_runs,
+        lanczos_singular,
         perturbation_recovery,
+        product_spectra,
         tangent_directions,
-        top_singular,
     )
     from tokenfield.prompts import as_prompts
 
@@ -181,6 +197,7 @@ def measure_attractors(
             "pass {name} with blocks of this model",
         )  # fmt: skip
     ftle_blocks = tuple(range(0, n_blocks, config.ftle_stride))
+    starts = sorted(set(ftle_blocks) | set(blocks))
     n_spec = min(n_prompts, config.spectra_prompts or n_prompts)
     k = config.k
     d = layer_map.states.shape[-1]
@@ -193,39 +210,37 @@ def measure_attractors(
     iterations = []
     solver = dict(k=k, oversample=config.oversample, max_iter=config.max_iter, tol=config.tol,
                   seed=config.seed)  # fmt: skip
+    # block Jacobians near the identity have clustered top values: a Krylov method
+    krylov = dict(k=k, max_iter=3 * config.max_iter, tol=config.tol, seed=config.seed)
     chunks = [range(s, min(n_spec, s + config.chunk)) for s in range(0, n_spec, config.chunk)]
-    total_work = len(chunks) * (2 * n_blocks + sum(n_blocks - b for b in ftle_blocks))
+    total_work = len(chunks) * (2 * n_blocks + len(ftle_blocks) * n_blocks)
     done = 0
     for rows in chunks:
         sub = layer_map.select(torch.as_tensor(list(rows)))
         lo, hi = rows.start, rows.stop
         for block in range(n_blocks):
             x = sub.states[:, block]
-            spec = top_singular(sub.block_fn(block), x, **solver)
+            spec = lanczos_singular(sub.block_fn(block), x, **krylov)
             jac[lo:hi, block] = spec.values.double().cpu().numpy()
-            spec = top_singular(sub.block_fn(block), x, angular=True, **solver)
+            spec = lanczos_singular(sub.block_fn(block), x, angular=True, **krylov)
             ang[lo:hi, block] = spec.values.double().cpu().numpy()
             done += 2
             report("block Jacobians", done / total_work)
+        # FTLEs from every start block (and the sensitive directions of the
+        # perturbation blocks) in one set of sweeps through the blocks
+        spec = product_spectra([sub.block_fn(b) for b in range(n_blocks)], sub.states, starts,
+                               **solver)  # fmt: skip
+        values = spec.values.double().cpu().numpy()  # (B, n_start, k)
         for column, block in enumerate(ftle_blocks):
-            spec = top_singular(sub.onward_fn(block), sub.states[:, block], angular=True, **solver)
-            values = spec.values.double().cpu().numpy()
-            ftle[lo:hi, column] = np.log(np.maximum(values, 1e-300)) / (n_blocks - block)
-            ftle_residual[lo:hi, column] = spec.residual[:, 0].double().cpu().numpy()
-            iterations.append(spec.iterations)
-            if block in blocks:
-                vec = spec.right[..., 0]
-                sensitive[lo:hi, blocks.index(block)] = vec.float().cpu().numpy()
-            done += n_blocks - block
-            report("Lyapunov exponents", done / total_work)
-    # sensitive directions at perturbation blocks not on the FTLE grid
-    for index, block in enumerate(blocks):
-        if block in ftle_blocks:
-            continue
-        for rows in chunks:
-            sub = layer_map.select(torch.as_tensor(list(rows)))
-            spec = top_singular(sub.onward_fn(block), sub.states[:, block], angular=True, **solver)
-            sensitive[rows.start : rows.stop, index] = spec.right[..., 0].float().cpu().numpy()
+            at = starts.index(block)
+            ftle[lo:hi, column] = np.log(np.maximum(values[:, at], 1e-300)) / (n_blocks - block)
+            ftle_residual[lo:hi, column] = spec.residual[:, at].double().cpu().numpy()
+        for index, block in enumerate(blocks):
+            vec = spec.right[:, starts.index(block)]
+            sensitive[lo:hi, index] = vec.float().cpu().numpy()
+        iterations.append(spec.iterations)
+        done += len(ftle_blocks) * n_blocks
+        report("Lyapunov exponents", done / total_work)
     arrays.update(jacobian_sv=jac, angular_sv=ang, ftle=ftle, ftle_residual=ftle_residual,
                   sensitive_direction=sensitive)  # fmt: skip
 

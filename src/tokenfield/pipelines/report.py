@@ -40,7 +40,14 @@ from tokenfield.report.html import (
     render_page,
 )
 from tokenfield.report.paths import Overlay
-from tokenfield.runs import FIGURES, METRICS_JSON, check_writable_dir, open_run, read_run_info
+from tokenfield.runs import (
+    ATTRACTORS_HTML,
+    FIGURES,
+    METRICS_JSON,
+    check_writable_dir,
+    open_run,
+    read_run_info,
+)
 from tokenfield.viz import write_figures
 
 __all__ = [
@@ -68,7 +75,9 @@ def write_report(
         out: the HTML file to write (its directory is created).
         title: the page title.
         sections: HTML fragments to append, e.g. the ``meanfield.html`` written by
-            ``scripts/meanfield_tables.py`` or the theory-lens section.
+            ``scripts/meanfield_tables.py`` or the theory-lens section. A run's
+            ``attractors.html`` (``tokenfield attractors``) is appended without
+            being named.
         overwrite: replace ``out`` even when it is not a tokenfield report (an
             earlier report is always replaced; any other file is refused).
         overlays: other runs (``path`` or ``(path, label)``, or ``"path:label"``)
@@ -89,6 +98,12 @@ def write_report(
     paths = [Path(p) for p in run_paths]
     reported = {p.resolve() for p in paths}
     fragments = [_read_section(Path(s), reported) for s in sections]
+    # a run's own 'tokenfield attractors' fragment comes with it (once)
+    given = {Path(s).resolve() for s in sections}
+    for path in paths:
+        own = path / ATTRACTORS_HTML
+        if own.is_file() and own.resolve() not in given:
+            fragments.append(_read_section(own, reported))
     if not paths and not fragments:
         raise UserError("no runs given", "pass one or more run directories")
     out = Path(out)
