@@ -216,14 +216,7 @@ def reduce_attention_batch(
         for row, (offset, n) in enumerate(spans)
         if n > DENSE_LIMIT  # long: one prompt at a time, as the reference (Lanczos)
     }
-    out = {
-        name: torch.full((batch, heads), float("nan"), dtype=torch.float64, device=on)
-        for name in PER_HEAD
-    }
-    out["stationary"] = torch.zeros((batch, heads, width), dtype=torch.float64, device=on)
-    out["stationary_nosink"] = torch.full(
-        (batch, heads, width), float("nan"), dtype=torch.float64, device=on
-    )
+    out = blank_reduction(batch, heads, width, on)
     for row, summary in long.items():
         n = spans[row][1]
         for name in PER_HEAD:
@@ -279,6 +272,21 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     values = torch.linalg.eigvalsh(s)  # ascending; the last is 1
     lam = torch.maximum(values[..., 0].abs(), values[..., -2].abs()).clamp(max=1.0)
     return lam, pi
+
+
+def blank_reduction(batch: int, heads: int, width: int, device: Any) -> dict[str, torch.Tensor]:
+    """The reduced statistics of ``batch`` prompts before any is filled in:
+    ``PER_HEAD`` ``(batch, heads)`` NaN, ``stationary`` ``(batch, heads, width)``
+    zeros (a padded token has no mass), ``stationary_nosink`` NaN; float64."""
+    out = {
+        name: torch.full((batch, heads), float("nan"), dtype=torch.float64, device=device)
+        for name in PER_HEAD
+    }
+    out["stationary"] = torch.zeros((batch, heads, width), dtype=torch.float64, device=device)
+    out["stationary_nosink"] = torch.full(
+        (batch, heads, width), float("nan"), dtype=torch.float64, device=device
+    )
+    return out
 
 
 def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from tokenfield.errors import ParameterError
-from tokenfield.models.attention import _reduce_padded
+from tokenfield.models.attention import _reduce_padded, blank_reduction
 from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
 from tokenfield.models.sites import ModelSites, attention_modules
 
@@ -134,27 +134,12 @@ def _readout_attention(
     return out
 
 
-_registered = False
-
-
-def _register() -> None:
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-        AttentionInterface.register(_NAME, _readout_attention)
-        AttentionMaskInterface.register(_NAME, sdpa_mask)  # the masks SDPA gets
-        _registered = True
-
-
 @contextlib.contextmanager
 def capture_queries_keys(sites: ModelSites, hf_model: Any, capture: Any) -> Iterator[Any]:
     """Run ``hf_model`` with SDPA plus the read-out of every block's queries and
     keys into ``capture`` (an :class:`~tokenfield.models.attention.AttentionCapture`)
     inside the block; the model's attention implementation is restored on exit,
     even on error."""
-    _register()
     modules = attention_modules(sites)  # a family without an entry fails here, in one line
     config = hf_model.config
     before = config._attn_implementation
@@ -183,14 +168,18 @@ def capture_queries_keys(sites: ModelSites, hf_model: Any, capture: Any) -> Iter
 
         return read
 
+    from transformers.masking_utils import sdpa_mask
+
+    from tokenfield.models.attention_impl import attention_implementation
+
     ids = [id(module) for module in modules]
     for block, key in enumerate(ids):
         _readers[key] = reader(block)
-    config._attn_implementation = _NAME
     try:
-        yield capture
+        # the masks SDPA gets, and SDPA itself inside _readout_attention
+        with attention_implementation(hf_model, _NAME, _readout_attention, sdpa_mask):
+            yield capture
     finally:
-        config._attn_implementation = before
         for key in ids:
             _readers.pop(key, None)
 
@@ -282,14 +271,7 @@ def reduce_queries_keys(
     scale = float(scaling) if scaling is not None else head_dim**-0.5
     on = query.device if query.device.type in ("cpu", "cuda") else torch.device("cpu")
     width = max(n for _offset, n in spans)
-    out = {
-        name: torch.full((batch, heads), float("nan"), dtype=torch.float64, device=on)
-        for name in PER_HEAD
-    }
-    out["stationary"] = torch.zeros((batch, heads, width), dtype=torch.float64, device=on)
-    out["stationary_nosink"] = torch.full(
-        (batch, heads, width), float("nan"), dtype=torch.float64, device=on
-    )
+    out = blank_reduction(batch, heads, width, on)
 
     def weights_of(row: int) -> torch.Tensor:
         offset, n = spans[row]

@@ -202,20 +202,6 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-_registered = False
-
-
-def _register() -> None:
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-
-        AttentionInterface.register(_NAME, _attention)
-        AttentionMaskInterface.register(_NAME, _no_mask)
-        _registered = True
-
-
 @contextlib.contextmanager
 def cascade(hf_model: Any, shared: SharedKV) -> Iterator[None]:
     """Run ``hf_model`` with cascade attention over ``shared`` inside the block.
@@ -224,13 +210,11 @@ def cascade(hf_model: Any, shared: SharedKV) -> Iterator[None]:
     explicit ``position_ids`` (counted over all levels); the attention mask
     argument is ignored (use ``shared.middle_mask`` and ``shared.own_mask``).
     """
-    _register()
-    config = hf_model.config
-    before = config._attn_implementation
-    config._attn_implementation = _NAME
-    _active.append(shared)
-    try:
-        yield
-    finally:
-        _active.pop()
-        config._attn_implementation = before
+    from tokenfield.models.attention_impl import attention_implementation
+
+    with attention_implementation(hf_model, _NAME, _attention, _no_mask):
+        _active.append(shared)
+        try:
+            yield
+        finally:
+            _active.pop()
