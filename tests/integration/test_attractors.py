@@ -11,12 +11,12 @@ import torch
 
 from tests.integration.tiny import PROMPTS, tiny_loaded
 from tokenfield.models.jacobian import (
-    LayerMap,
     lanczos_singular,
     product_spectra,
     tangent_maps,
     top_singular,
 )
+from tokenfield.models.layer_map import LayerMap
 
 MULTI = [p for p in PROMPTS if len(p.split()) > 1]
 
@@ -211,7 +211,7 @@ def test_small_perturbations_follow_the_linear_map():
     """At theta = 1e-4 along the most sensitive direction, the final angle ratio
     is the top angular singular value of the product (the linear regime), and the
     recovery arrays have the documented shapes."""
-    from tokenfield.models.jacobian import perturbation_recovery
+    from tokenfield.models.layer_map import perturbation_recovery
 
     layer_map = _layer_map(double=True)
     start = 1
@@ -233,7 +233,7 @@ def test_final_readout_kl_is_the_plain_kl():
     row by row. The logits are float32 (``LayerMap.logits``): the difference is
     float32 rounding of ``log V``-sized terms, under 1e-6 (a wrong prompt order or
     a missing normaliser is off by 1e-3 or more here). The top-1 token is the argmax."""
-    from tokenfield.models.jacobian import _final_readout
+    from tokenfield.models.layer_map import _final_readout
 
     layer_map = _layer_map(double=True)
     final = layer_map.states[:, -1]

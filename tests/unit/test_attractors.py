@@ -11,12 +11,8 @@ import torch
 
 from tokenfield.analysis import attractors as stats
 from tokenfield.meanfield.stability import discrete_growth_rates
-from tokenfield.models.jacobian import (
-    great_circle,
-    product_spectra,
-    radial_project,
-    top_singular,
-)
+from tokenfield.models.jacobian import product_spectra, radial_project, top_singular
+from tokenfield.models.layer_map import great_circle
 from tokenfield.particles.dynamics import Dynamics
 from tokenfield.particles.integrate import Euler
 

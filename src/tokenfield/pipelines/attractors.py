@@ -2,7 +2,8 @@
 
 Reads a traced run, loads its model (and a random-weight copy: ``baseline``'s
 model, or :func:`tokenfield.pipelines.flow.random_copy`), measures with
-:mod:`tokenfield.models.jacobian` for each prompt's last token
+:mod:`tokenfield.models.layer_map` and :mod:`tokenfield.models.jacobian` for each
+prompt's last token
 
 1. the top-k singular values of every block's Jacobian and of its angular part;
 2. the finite-time Lyapunov exponents to the output from every start block;
@@ -168,14 +169,8 @@ def _measure(
     progress: Callable[[str, float], None] | None,
 ) -> dict[str, Any]:
     from tokenfield.models.batching import encode_prompts
-    from tokenfield.models.jacobian import (
-        LayerMap,
-        great_circle_runs,
-        lanczos_singular,
-        perturbation_recovery,
-        product_spectra,
-        tangent_directions,
-    )
+    from tokenfield.models.jacobian import lanczos_singular, product_spectra, tangent_directions
+    from tokenfield.models.layer_map import LayerMap, great_circle_runs, perturbation_recovery
     from tokenfield.prompts import as_prompts
 
     prompts = as_prompts(prompts)
