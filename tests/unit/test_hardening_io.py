@@ -271,7 +271,7 @@ def test_a_run_from_before_the_checksum_still_opens(clean_run, tmp_path, monkeyp
     from tests.unit.synthetic_trajectories import clustered, trace_dataset, write_run
     from tokenfield import runs
 
-    monkeypatch.setattr(runs.writer, "checksummed", lambda: (ZstdCodec(level=0, checksum=False),))
+    monkeypatch.setattr(runs.store, "checksummed", lambda: (ZstdCodec(level=0, checksum=False),))
     monkeypatch.setenv("TOKENFIELD_STORE_COMPRESSOR", "zstd")  # the states too, as then
     states, labels = clustered(n_per_category=3, n_time=4, n_feature=8)
     old = write_run(tmp_path / "old", trace_dataset(states, labels))

@@ -120,12 +120,12 @@ def test_chunk_files_written_straight_equal_zarrs_own(tmp_path):
         if how == "zarr":
             array[:] = values
         elif how == "straight":
-            assert runs.writer._write_whole_chunks(path, array, 1, values[:, 4:], 4) == 8
+            assert runs.store._write_whole_chunks(path, array, 1, values[:, 4:], 4) == 8
             array[:, :4] = values[:, :4]
         else:  # rows in blocks that straddle the chunks (a flush's pieces), and a tail
             blocks = [values[:, 0:3], values[:, 3:5], values[:, 5:10]]
-            assert runs.writer._write_whole_chunks(path, array, 1, blocks, 0) == 8
-            assert runs.writer._write_whole_chunks(path, array, 1, values[:, 8:], 9) == 0
+            assert runs.store._write_whole_chunks(path, array, 1, blocks, 0) == 8
+            assert runs.store._write_whole_chunks(path, array, 1, values[:, 8:], 9) == 0
             array[:, 8:] = values[:, 8:]
         made[how] = {
             p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
@@ -140,7 +140,7 @@ def test_a_write_killed_half_way_resumes_to_the_uninterrupted_run(tmp_path, monk
     write_all(new_writer(tmp_path / "clean"))
 
     run = tmp_path / "killed"
-    real = runs.writer._write_whole_chunks
+    real = runs.store._write_whole_chunks
     calls = {"n": 0}
 
     def torn(store, array, axis, values, at):
@@ -152,13 +152,13 @@ def test_a_write_killed_half_way_resumes_to_the_uninterrupted_run(tmp_path, monk
             raise KeyboardInterrupt
         return written
 
-    monkeypatch.setattr(runs.writer, "_write_whole_chunks", torn)
+    monkeypatch.setattr(runs.store, "_write_whole_chunks", torn)
     writer = new_writer(run)
     with pytest.raises(KeyboardInterrupt):
         for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
             writer.append(trace_piece(int(start), n), done=done)
         writer._wait()
-    monkeypatch.setattr(runs.writer, "_write_whole_chunks", real)
+    monkeypatch.setattr(runs.store, "_write_whole_chunks", real)
     writer._pending = []  # the process died: nothing more is written
     writer._writing = None
     writer.close()

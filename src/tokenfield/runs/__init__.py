@@ -74,15 +74,13 @@ from tokenfield.runs.read import (
     check_object_codecs,
     open_run,
 )
+from tokenfield.runs.store import checksummed, concat_pieces, store_encoding
 from tokenfield.runs.writer import (
     CHUNK_BYTES,
     COORD_CHUNK,
     RunWriter,
     check_results_writable,
     check_writable_dir,
-    checksummed,
-    concat_pieces,
-    store_encoding,
 )
 
 __all__ = [
