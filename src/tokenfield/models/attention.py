@@ -243,14 +243,21 @@ def reduce_attention_batch(
             cols[:, None, :, None],
             cols[:, None, None, :],
         ]  # (rows, heads, m, m): the one copy
-        reduced = _reduce_padded(cut.to(on, torch.float64), lengths, causal)
-        at = torch.tensor(chosen, device=on)
-        for name, value in reduced.items():
-            if name in PER_TOKEN:
-                out[name][at, :, :m] = value
-            else:
-                out[name][at] = value
+        fill_rows(out, _reduce_padded(cut.to(on, torch.float64), lengths, causal), chosen)
     return out
+
+
+def fill_rows(
+    out: dict[str, torch.Tensor], reduced: dict[str, torch.Tensor], rows: list[int]
+) -> None:
+    """Put the statistics of ``reduced`` (prompts in the order of ``rows``, tokens
+    padded to their longest) into the rows ``rows`` of :func:`blank_reduction`'s ``out``."""
+    at = torch.tensor(rows, device=out["stationary"].device)
+    for name, value in reduced.items():
+        if name in PER_TOKEN:
+            out[name][at, :, : value.shape[-1]] = value
+        else:
+            out[name][at] = value
 
 
 def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

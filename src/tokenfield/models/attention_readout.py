@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from tokenfield.errors import ParameterError
-from tokenfield.models.attention import _reduce_padded, blank_reduction
+from tokenfield.models.attention import _reduce_padded, blank_reduction, fill_rows
 from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
 from tokenfield.models.sites import ModelSites, attention_modules
 
@@ -292,13 +292,7 @@ def reduce_queries_keys(
                 n = spans[row][1]
                 cut[index, :, :n, :n] = weights_of(row).to(on, torch.float64)
             lengths = torch.tensor([spans[row][1] for row in chosen], device=on)
-            reduced = _reduce_padded(cut, lengths, causal)
-            at = torch.tensor(chosen, device=on)
-            for name, value in reduced.items():
-                if name in PER_TOKEN:
-                    out[name][at, :, :m] = value
-                else:
-                    out[name][at] = value
+            fill_rows(out, _reduce_padded(cut, lengths, causal), chosen)
     # Long prompts one at a time, as the eager path: the reference reduction, one head
     # at a time in float64, |lambda_2| by Lanczos.
     for row, (_offset, n) in enumerate(spans):
