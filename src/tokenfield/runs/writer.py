@@ -1,5 +1,6 @@
-"""The streamed, resumable writer of a run (RunWriter), the checks before writing,
-and the Zarr encoding (checksummed chunks) it writes with."""
+"""The streamed, resumable writer of a run (RunWriter) and the checks before writing:
+what to write and when. How it lands on disk (codecs, encoding, chunk files) is
+:mod:`tokenfield.runs.store`."""
 
 from __future__ import annotations
 
