@@ -154,6 +154,8 @@ def test_a_steered_trace_stores_its_steered_continuations(tiny):
         with steering(tiny, vector, 2.0, positions="all"):
             assert new_ids == _alone_greedy(tiny, text, N)  # the steered model's continuation
         ids = torch.tensor([tiny.tokenizer(text)["input_ids"] + new_ids])
+        with torch.no_grad():  # transformers hooks its hidden-state recorder on first use:
+            tiny.model(ids, output_hidden_states=True)  # before ours, whatever ran earlier
         handle = tiny.sites.blocks[1].register_forward_hook(add)  # by hand: block 1's output
         try:
             with torch.no_grad():

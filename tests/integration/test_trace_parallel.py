@@ -63,6 +63,11 @@ def test_workers_equal_single_process(cluster, models, tmp_path, kind, positions
     assert len(report.workers) == 2
     same_run(single, parallel)
     assert parallel.sizes["particle"] == single.sizes["particle"] > len(MANY) - 1
+    # float arrays stored as a trace without workers stores them: raw bytes and a
+    # CRC-32C per chunk (the coordinates' layouts differ: sharded there, not here)
+    floats = _float_codecs(tmp_path / "par")
+    assert floats == _float_codecs(tmp_path / "single")
+    assert floats["states"] == ["bytes", "crc32c"]
     # Each worker loaded the model once, however many shards it ran.
     from dask.distributed import Client
 
@@ -70,6 +75,17 @@ def test_workers_equal_single_process(cluster, models, tmp_path, kind, positions
         loads = client.run(_loads_of, spec)
     assert all(count <= 1 for count in loads.values()), loads
     assert sum(loads.values()) >= 1
+
+
+def _float_codecs(run: Path) -> dict[str, list[str]]:
+    metas = {
+        m.parent.name: json.loads(m.read_text()) for m in run.glob("trajectory.zarr/*/zarr.json")
+    }
+    return {
+        name: [c["name"] for c in meta["codecs"]]
+        for name, meta in metas.items()
+        if str(meta.get("data_type", "")).startswith(("float", "bfloat"))
+    }
 
 
 def _loads_of(spec: str) -> int:

@@ -51,7 +51,7 @@ from tokenfield.models.batching import encode_prompts
 from tokenfield.models.load import LoadedModel, ModelSpec
 from tokenfield.models.trace import schema_piece, trace_in_memory
 from tokenfield.models.trace_config import TraceConfig
-from tokenfield.runs import TRAJECTORY, RunWriter, checksummed, open_run
+from tokenfield.runs import TRAJECTORY, RunWriter, open_run, store_encoding
 
 __all__ = [
     "LOADS",
@@ -353,8 +353,12 @@ def trace_parallel(
             laid_out.attrs = {"tokenfield_config": json.dumps(writer.config), "kind": "trace"}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for variable in laid_out.variables.values():
-                    variable.encoding["compressors"] = checksummed()  # chunk checksums
+                # every chunk checksummed; float states stored as the writer's
+                # compressor says (raw bytes and a CRC-32C by default), as a trace
+                # without workers stores them
+                codecs = store_encoding(laid_out, writer.compressor)
+                for name, variable in laid_out.variables.items():
+                    variable.encoding["compressors"] = codecs[name]["compressors"]
                 laid_out.to_zarr(store, mode="w", compute=False, consolidated=False)
             finished = set()
         plan = [asdict(s) for s in shards]

@@ -261,9 +261,13 @@ def _empty(ds: xr.Dataset, dim: str) -> xr.Dataset:
     array would be stored as floats)."""
     empty = ds.isel({dim: slice(0, 0)})
     for name, var in empty.variables.items():
-        if var.dtype == object and dim in var.dims:
+        if var.dtype != object:
+            continue
+        if dim in var.dims:
             strings = np.empty(var.shape, dtype=np.dtypes.StringDType())
-            empty[name] = xr.Variable(var.dims, strings, var.attrs)
+        else:  # written whole now: as strings, not left to xarray's dtype inference
+            strings = np.asarray(var.values, dtype=np.dtypes.StringDType())
+        empty[name] = xr.Variable(var.dims, strings, var.attrs)
     return empty
 
 
@@ -323,7 +327,9 @@ def _write_whole_chunks(
     lead = int(np.prod(shape[:axis], dtype=np.int64))
     flats, starts, offset = [], [], 0
     for block in blocks:  # C order: leading dims, rows, trailing dims
-        block = np.ascontiguousarray(block, dtype=array.dtype)
+        # a view where it can be (a piece cut at a chunk boundary along ``axis`` is
+        # not contiguous, but each of its (row, trailing) segments is): no copy
+        block = block.astype(array.dtype, copy=False)
         flats.append(block.reshape(lead, block.shape[axis], -1))
         starts.append(offset)
         offset += block.shape[axis]
@@ -341,6 +347,8 @@ def _write_whole_chunks(
                     a, b = max(lo, begin), min(hi, begin + flat.shape[1])
                     if a < b:
                         segment = flat[i, a - begin : b - begin]
+                        if not segment.flags.c_contiguous:
+                            segment = np.ascontiguousarray(segment)
                         crc = google_crc32c.extend(crc, segment)
                         f.write(segment)
             f.write(np.array([crc], dtype="<u4").tobytes())  # little-endian on any host
