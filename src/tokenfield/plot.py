@@ -142,7 +142,7 @@ def energy(sim: Any, *, eps: float | None = None) -> Any:
     import plotly.graph_objects as go
 
     from tokenfield.analysis.simulation import analyze_simulation
-    from tokenfield.report.simulation import simulation_figures
+    from tokenfield.report.simulation import energy_figure
 
     if isinstance(sim, dict):
         analysis = sim
@@ -157,12 +157,13 @@ def energy(sim: Any, *, eps: float | None = None) -> Any:
             ds = ds.isel(system=0)
         options = {} if eps is None else {"eps": eps}
         analysis = analyze_simulation(ds, max_frames=200, **options)
-    # The builder draws the particles too; the energy figure is its last one.
-    # Its particle panels need states: a one-particle placeholder keeps them cheap.
-    times = np.asarray(analysis["time"], dtype=np.float64)
-    placeholder = np.zeros((len(times), 1, 4))
-    figures = simulation_figures(placeholder, times, analysis)
-    return go.Figure(figures[-1])
+    figure = energy_figure(analysis)
+    if figure is None:
+        raise UserError(
+            "the simulation's analysis has no times to draw",
+            "pass a simulation with at least one saved step",
+        )
+    return go.Figure(figure)
 
 
 def separation(analysis: Any) -> Any:

@@ -129,49 +129,55 @@ def simulation_figures(
                 },
             }
         )
-    if analysis and analysis.get("time"):
-        t = analysis["time"]
-        figures.append(
-            {
-                "data": [
-                    {
-                        "type": "scatter",
-                        "x": t,
-                        "y": analysis.get("energy"),
-                        "mode": "lines",
-                        "name": "energy",
-                        "yaxis": "y",
-                    },
-                    {
-                        "type": "scatter",
-                        "x": t,
-                        "y": analysis.get("cluster_count"),
-                        "mode": "lines",
-                        "line": {"shape": "hv"},
-                        "name": "clusters",
-                        "xaxis": "x2",
-                        "yaxis": "y2",
-                    },
-                ],
-                "layout": {
-                    "title": {"text": "Energy and cluster count against time"},
-                    "grid": {"rows": 1, "columns": 2, "pattern": "independent"},
-                    "xaxis": {"title": {"text": "time t"}},
-                    "yaxis": {
-                        "title": {"text": f"energy ({analysis.get('energy_normalization', '')})"}
-                    },
-                    "xaxis2": {"title": {"text": "time t"}},
-                    "yaxis2": {
-                        "title": {"text": f"clusters (eps {analysis.get('eps')})"},
-                        "rangemode": "tozero",
-                    },
-                    "height": 380,
-                    "template": "plotly_white",
-                    "showlegend": False,
-                },
-            }
-        )
+    energy = energy_figure(analysis)
+    if energy is not None:
+        figures.append(energy)
     return figures
+
+
+def energy_figure(analysis: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The energy and the cluster count against time (plotly JSON data), from
+    :func:`~tokenfield.analysis.simulation.analyze_simulation`'s result; None
+    when it has no times."""
+    if not analysis or not analysis.get("time"):
+        return None
+    t = analysis["time"]
+    return {
+        "data": [
+            {
+                "type": "scatter",
+                "x": t,
+                "y": analysis.get("energy"),
+                "mode": "lines",
+                "name": "energy",
+                "yaxis": "y",
+            },
+            {
+                "type": "scatter",
+                "x": t,
+                "y": analysis.get("cluster_count"),
+                "mode": "lines",
+                "line": {"shape": "hv"},
+                "name": "clusters",
+                "xaxis": "x2",
+                "yaxis": "y2",
+            },
+        ],
+        "layout": {
+            "title": {"text": "Energy and cluster count against time"},
+            "grid": {"rows": 1, "columns": 2, "pattern": "independent"},
+            "xaxis": {"title": {"text": "time t"}},
+            "yaxis": {"title": {"text": f"energy ({analysis.get('energy_normalization', '')})"}},
+            "xaxis2": {"title": {"text": "time t"}},
+            "yaxis2": {
+                "title": {"text": f"clusters (eps {analysis.get('eps')})"},
+                "rangemode": "tozero",
+            },
+            "height": 380,
+            "template": "plotly_white",
+            "showlegend": False,
+        },
+    }
 
 
 def figure_html(figure: dict[str, Any], div_id: str, height: int = 420) -> str:
