@@ -282,6 +282,8 @@ def test_attractors_command_end_to_end(tmp_path, cli):
     assert "Is it an attractor?" in (tmp_path / "r.html").read_text()
     ds = xr.open_zarr(run / "attractors.zarr")
     assert ds["ftle"].shape == (len(MULTI), 3, 4)
+    codecs = json.loads((run / "attractors.zarr" / "ftle" / "zarr.json").read_text())["codecs"]
+    assert [c["name"] for c in codecs] == ["bytes", "crc32c"]  # every chunk checksummed
     assert ds["random_basin_radius"].shape == (len(data["trained"]["blocks"]), len(MULTI))
     bad = cli(["attractors", run, "--thetas", "1,0.1"])
     assert bad.code == 2

@@ -67,6 +67,17 @@ def test_the_sweep_writes_regions_and_resumes(tmp_path):
     again = SweepReport(0, 0, "")
     phase_diagram(TINY, store=tmp_path / "p.zarr", report=again)
     assert (again.tasks_run, again.tasks_skipped) == (0, 4)
+    # every chunk checksummed: a flipped byte is an error on read, not a wrong number
+    meta = json.loads((tmp_path / "p.zarr" / "merged_probability" / "zarr.json").read_text())
+    assert [c["name"] for c in meta["codecs"]] == ["bytes", "crc32c"]
+    chunk = next(
+        p for p in (tmp_path / "p.zarr" / "merged_probability" / "c").rglob("*") if p.is_file()
+    )
+    raw = bytearray(chunk.read_bytes())
+    raw[3] ^= 0x40
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(Exception, match="(?i)checksum|crc"):
+        xr.open_zarr(tmp_path / "p.zarr")["merged_probability"].load()
     with pytest.raises(UserError):
         phase_diagram(PhaseDiagramConfig(dims=(2,), betas=(1.0,)), store=tmp_path / "p.zarr")
     with pytest.raises(UserError):

@@ -254,9 +254,14 @@ def create_store(config: PhaseDiagramConfig, store: str | Path, *, overwrite: bo
             f"'{store}' holds another sweep (or is not a phase-diagram store)",
             "pass --overwrite or another --out",
         )
+    from tokenfield.runs.store import store_encoding
+
     template = _template(config, lazy=True)
     for name in (VARIABLE, "completed"):
         template[name].encoding["chunks"] = template[name].data.chunksize
+    # every chunk checksummed (a damaged chunk is an error on read, not wrong numbers)
+    for name, encoding in store_encoding(template).items():
+        template[name].encoding["compressors"] = encoding["compressors"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         template.to_zarr(store, mode="w", compute=False, consolidated=False)

@@ -459,7 +459,9 @@ def write_zarr(path: Path, variables: dict[str, Any], coords: dict[str, Any]) ->
                     coords=coords)  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        ds.to_zarr(tmp / "store.zarr", mode="w")
+        from tokenfield.runs.store import store_encoding
+
+        ds.to_zarr(tmp / "store.zarr", mode="w", encoding=store_encoding(ds))  # checksummed
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old.{os.getpid()}"
