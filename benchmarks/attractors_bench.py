@@ -88,7 +88,14 @@ def main() -> None:
     load_before = os.getloadavg()
     wall0, cpu0 = time.perf_counter(), time.process_time()
 
+    stages: dict[str, float] = {}  # CPU seconds per stage, both models together
+    current = {"stage": None, "cpu": cpu0}
+
     def progress(stage: str, fraction: float) -> None:
+        now = time.process_time()
+        if current["stage"] is not None:
+            stages[current["stage"]] = stages.get(current["stage"], 0.0) + now - current["cpu"]
+        current.update(stage=stage, cpu=now)
         print(f"  {time.perf_counter() - wall0:8.1f}s wall {time.process_time() - cpu0:8.1f}s cpu"
               f" {stage} {100 * fraction:5.1f}%", flush=True)  # fmt: skip
 
@@ -101,7 +108,8 @@ def main() -> None:
                                     progress=progress)  # fmt: skip
     timing.update(wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
                   load_before=list(load_before), load_after=list(os.getloadavg()),
-                  threads=int(__import__("torch").get_num_threads()), cpus=os.cpu_count())  # fmt: skip
+                  threads=int(__import__("torch").get_num_threads()), cpus=os.cpu_count(),
+                  stage_cpu_s={k: round(v, 1) for k, v in stages.items()})  # fmt: skip
     summary = {
         "model": args.model,
         "prompt_set": args.prompt_set,

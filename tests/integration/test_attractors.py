@@ -288,3 +288,32 @@ def test_attractors_command_end_to_end(tmp_path, cli):
     bad = cli(["attractors", run, "--thetas", "1,0.1"])
     assert bad.code == 2
     assert "--thetas" in bad.err and "Traceback" not in bad.err
+
+
+def test_perturbation_chunks_fit_the_logits_budget(monkeypatch):
+    """A large vocabulary reads out fewer perturbed rows at once (LOGITS_BYTES), and
+    the chunking changes no number: a budget of one prompt's rows gives the same
+    arrays as one chunk."""
+    from tokenfield.models import layer_map as lm
+
+    assert lm._rows_for(4096, 49_152) == 4096  # SmolLM2: unchanged
+    assert lm._rows_for(4096, 262_144) == 768  # Gemma 3: 3 GiB of logits -> 768 MiB
+    layer_map = _layer_map(double=True)
+    gen = torch.Generator().manual_seed(5)
+    x = layer_map.states[:, 1]
+    directions = torch.randn((3, *x.shape), generator=gen, dtype=x.dtype)
+    directions = directions - (directions * x).sum(-1, keepdim=True) * x / (x * x).sum(
+        -1, keepdim=True
+    )
+    directions = directions / directions.norm(dim=-1, keepdim=True)
+    whole = lm.perturbation_recovery(layer_map, 1, [0.01, 0.3], directions)
+    vocab = layer_map.logits(layer_map.states[:1, -1]).shape[-1]
+    monkeypatch.setattr(lm, "LOGITS_BYTES", 4 * vocab * layer_map.batch)  # one copy a chunk
+    assert lm._rows_for(4096, vocab) == layer_map.batch
+    calls = []
+    onward = layer_map.onward
+    monkeypatch.setattr(layer_map, "onward", lambda *a, **k: calls.append(1) or onward(*a, **k))
+    sliced = lm.perturbation_recovery(layer_map, 1, [0.01, 0.3], directions)
+    assert len(calls) == 2 * 3  # one chunk per (angle, direction) copy of the prompts
+    for name in ("angle_ratio", "kl", "flipped"):
+        torch.testing.assert_close(sliced[name], whole[name], rtol=1e-12, atol=1e-12)

@@ -280,6 +280,18 @@ def _select_kwargs(kwargs: dict[str, Any], rows: torch.Tensor, batch: int) -> di
 # ---------------------------------------------------------------- beyond the linear regime
 
 
+LOGITS_BYTES = 768 << 20
+"""The most bytes of float32 logits one chunk of perturbed rows reads out at once
+(its KL takes about three more of that size): 4,096 rows of SmolLM2's 49,152-token
+vocabulary, 768 of Gemma 3's 262,144, so that a large vocabulary does not run the
+machine out of memory."""
+
+
+def _rows_for(max_rows: int, vocab: int) -> int:
+    """``max_rows``, lowered so that the rows' logits fit :data:`LOGITS_BYTES`."""
+    return max(1, min(max_rows, LOGITS_BYTES // (4 * max(1, vocab))))
+
+
 def _chunks(copies: int, batch: int, max_rows: int) -> Iterator[slice]:
     step = max(1, max_rows // max(1, batch))
     for first in range(0, copies, step):
@@ -331,6 +343,7 @@ def perturbation_recovery(
     final = layer_map.states[:, -1]
     ref_logits = layer_map.logits(final)  # (B, V)
     ref_top = ref_logits.argmax(-1)
+    max_rows = _rows_for(max_rows, ref_logits.shape[-1])
     theta = torch.as_tensor(list(thetas), dtype=x.dtype, device=x.device)
     n_theta, n_dir = theta.numel(), directions.shape[0]
     # (n_theta, n_dir, B, d) starting states, flattened to copies of the batch
