@@ -28,7 +28,7 @@ of 8 to 16 words, one torch thread), each in a fresh subprocess, sampled every
 cases (and the model load).
 
 Usage: python benchmarks/trace_streaming.py [--model smollm2] [--copies 1] [--positions last]
-       [--repeats 5] [--rss] [--rss-20000] [--rss-only] [--json F]
+       [--repeats 5] [--rss] [--rss-20000] [--rss-only] [--rss-variants] [--json F]
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ RSS_SCRIPT = textwrap.dedent(
     from tests.integration.tiny import WORDS, tiny_tokenizer
     from tokenfield.models.load import wrap_model
     import tokenfield as tf
+    if {flush_pieces!r} is not None:  # a variant: the writer's most pieces held
+        import functools
+        from tokenfield.runs import writer as _writer
+        _writer.RunWriter.__init__ = functools.partialmethod(
+            _writer.RunWriter.__init__, flush_pieces={flush_pieces!r})
     torch.manual_seed(0)
     config = tr.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
@@ -88,20 +93,58 @@ RSS_SCRIPT = textwrap.dedent(
 )
 
 
-def peak_rss_kib(n: int) -> tuple[int, int, float]:
+def peak_rss_kib(
+    n: int, env: dict[str, str] | None = None, flush_pieces: int | None = None
+) -> tuple[int, int, float]:
     """(RSS just before the trace, peak RSS during it) in KiB, and the trace's wall
     seconds, in a fresh process.
 
     Sampled, not ``ru_maxrss``: on Linux a child's ``ru_maxrss`` starts at its
     parent's RSS at the fork (here the parent holds SmolLM2), so it hides the trace."""
-    code = RSS_SCRIPT.format(root=str(ROOT), n=n)
+    code = RSS_SCRIPT.format(root=str(ROOT), n=n, flush_pieces=flush_pieces)
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
     if done.returncode:
         raise SystemExit(done.stderr[-2000:])
     before, peak, seconds = done.stdout.strip().splitlines()[-1].split()
     return int(before), int(peak), float(seconds)
+
+
+RSS_VARIANTS = {
+    "writer holds at most 32 pieces": ({}, 32),
+    "MALLOC_MMAP_THRESHOLD_=131072": ({"MALLOC_MMAP_THRESHOLD_": "131072"}, None),
+    "both": ({"MALLOC_MMAP_THRESHOLD_": "131072"}, 32),
+}
+"""Diagnostic variants of the RSS measurement (``--rss-variants``): the writer's
+piece limit (``flush_pieces``, default 64) and glibc's large-allocation threshold
+fixed at its initial 128 KiB (by default it rises as large blocks are freed, and
+later blocks of that size come from the heap, where long-lived ones fragment it)."""
+
+
+def rss_variant_results() -> dict:
+    """20,000 against 200 prompts for the default and each of :data:`RSS_VARIANTS`,
+    taken in turn; peak RSS in KiB and the trace's wall seconds."""
+    results: dict = {"loadavg_before": os.getloadavg(), "variants": {}}
+    for name, (env, pieces) in {"default": ({}, None), **RSS_VARIANTS}.items():
+        small = peak_rss_kib(200, env, pieces)
+        large = peak_rss_kib(20000, env, pieces)
+        results["variants"][name] = {
+            "peak_kib_200": small[1],
+            "peak_kib_20000": large[1],
+            "seconds_20000": round(large[2], 2),
+            "ratio": round(large[1] / small[1], 4),
+        }
+        print(f"{name}: 200 prompts {small[1] / 1024:.0f} MiB, 20,000 prompts "
+              f"{large[1] / 1024:.0f} MiB ({large[2]:.1f} s): {large[1] / small[1]:.2f}x",
+              flush=True)  # fmt: skip
+    results["loadavg_after"] = os.getloadavg()
+    return results
 
 
 def rss_results(sizes: tuple[int, ...]) -> dict:
@@ -162,9 +205,19 @@ def main() -> None:
     parser.add_argument(
         "--rss-only", action="store_true", help="only the --rss measurement (no timed cases)"
     )
+    parser.add_argument(
+        "--rss-variants",
+        action="store_true",
+        help="only the 20,000 / 200 RSS ratio under the diagnostic variants (RSS_VARIANTS)",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     sizes = (200, 2000, 20000) if args.rss_20000 else (200, 2000)
+    if args.rss_variants:
+        results = rss_variant_results()
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        return
     if args.rss_only:
         results = rss_results(sizes)
         if args.json:

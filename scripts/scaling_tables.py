@@ -409,8 +409,36 @@ def before_after_lines(data: Path) -> list[str]:
     ]
 
 
+def rss_variant_lines(data: Path) -> list[str]:
+    """``--rss-variants``: where the 20,000-prompt trace's extra memory goes."""
+    if not (data / "cpu2-rss-variants.json").is_file():
+        return []
+    r = load(data, "cpu2-rss-variants")
+    lines = [
+        "Where the extra memory at 20,000 prompts goes (`--rss-variants`: the same traces "
+        "with the writer holding at most 32 pieces instead of 64, and with glibc's "
+        "large-allocation threshold fixed at 128 KiB, `MALLOC_MMAP_THRESHOLD_=131072`; "
+        "each variant's 200 and 20,000 prompts in turn):",
+        "",
+        "| variant | peak RSS, 200 prompts | peak RSS, 20,000 prompts | peak / peak at 200 "
+        "| 20,000 prompts' wall time |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, v in r["variants"].items():
+        lines.append(
+            f"| {name} | {v['peak_kib_200'] / 1024:,.0f} MiB | {v['peak_kib_20000'] / 1024:,.0f} "
+            f"MiB | {v['ratio']:.2f}x | {v['seconds_20000']:.0f} s |"
+        )
+    low, high = sorted((r["loadavg_before"][0], r["loadavg_after"][0]))
+    return [*lines, "", f"Load average {low:.1f} to {high:.1f} on the 2 cores."]
+
+
 def render_streaming(data: Path = DATA) -> str:
-    return "\n".join([*streaming_table(data), "", *rss_lines(data), "", *before_after_lines(data)])
+    variants = rss_variant_lines(data)
+    return "\n".join(
+        [*streaming_table(data), "", *rss_lines(data), "", *before_after_lines(data)]
+        + (["", *variants] if variants else [])
+    )
 
 
 def render(data: Path = DATA) -> str:
