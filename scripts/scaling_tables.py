@@ -16,7 +16,8 @@ same machine's 16 cores) and of ``benchmarks/simulate_speed.py --device cuda``
 ``dtype-difference.json`` is ``scripts/dtype_difference.py --json`` (not a timing);
 ``cpu2-attention-<tokens>.json`` are ``benchmarks/attention_readout.py --json`` there. ``h100-before-*`` were measured with the tracer as it was
 before the GPU capture without host waits (same benchmark, same machine kind).
-``cpu2-rss.json`` is ``benchmarks/trace_streaming.py --rss-only --rss-20000 --json``, and
+``cpu2-rss.json`` is ``benchmarks/trace_streaming.py --rss-only --rss-20000 --json``
+(``cpu2-rss-variants.json``: its ``--rss-variants --json``), and
 ``cpu2-rss-before.json``, ``cpu2-streaming-last-1-before.json`` the same benchmark run on
 the code before issue 25's fixes.
 """
