@@ -169,9 +169,11 @@ def cost(data: Path = DATA) -> str:
         if "trained_cpu_s" not in timing:
             continue
         random_cpu = timing["cpu_s"] - timing["trained_cpu_s"]
+        threads = int(timing.get("threads", 1))
         lines.append(
             f"- {title}, {trained['n_prompts']} prompts (spectra and FTLEs on "
-            f"{trained['spectra_prompts']}), {timing.get('threads', 1)} thread: the trained "
+            f"{trained['spectra_prompts']}), {threads} torch thread{'s' if threads != 1 else ''}: "
+            "the trained "
             f"model {timing['trained_cpu_s'] / 60:.1f} min of CPU time "
             f"({timing['trained_wall_s'] / 60:.1f} min wall), its random-weight copy "
             f"{random_cpu / 60:.1f} min of CPU time; load average "
