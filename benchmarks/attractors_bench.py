@@ -96,16 +96,23 @@ def main() -> None:
         if current["stage"] is not None:
             stages[current["stage"]] = stages.get(current["stage"], 0.0) + now - current["cpu"]
         current.update(stage=stage, cpu=now)
+        if stage is None:
+            return
         print(f"  {time.perf_counter() - wall0:8.1f}s wall {time.process_time() - cpu0:8.1f}s cpu"
               f" {stage} {100 * fraction:5.1f}%", flush=True)  # fmt: skip
 
+    def close_stage() -> None:  # the last stage of a measurement ends with it
+        progress(None, 1.0)  # type: ignore[arg-type]
+
     trained = measure_attractors(model, prompts, config, progress=progress)
+    close_stage()
     timing = {"trained_wall_s": time.perf_counter() - wall0,
               "trained_cpu_s": time.process_time() - cpu0}  # fmt: skip
     random = None
     if not args.no_random:
         random = measure_attractors(random_copy(model, config.seed), prompts, config,
                                     progress=progress)  # fmt: skip
+        close_stage()
     timing.update(wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
                   load_before=list(load_before), load_after=list(os.getloadavg()),
                   threads=int(__import__("torch").get_num_threads()), cpus=os.cpu_count(),
