@@ -308,12 +308,19 @@ def test_perturbation_chunks_fit_the_logits_budget(monkeypatch):
     directions = directions / directions.norm(dim=-1, keepdim=True)
     whole = lm.perturbation_recovery(layer_map, 1, [0.01, 0.3], directions)
     vocab = layer_map.logits(layer_map.states[:1, -1]).shape[-1]
+    assert layer_map.vocab_size == vocab
     monkeypatch.setattr(lm, "LOGITS_BYTES", 4 * vocab * layer_map.batch)  # one copy a chunk
     assert lm._rows_for(4096, vocab) == layer_map.batch
     calls = []
-    onward = layer_map.onward
-    monkeypatch.setattr(layer_map, "onward", lambda *a, **k: calls.append(1) or onward(*a, **k))
+    onward = lm.LayerMap.onward
+    monkeypatch.setattr(lm.LayerMap, "onward", lambda *a, **k: calls.append(1) or onward(*a, **k))
     sliced = lm.perturbation_recovery(layer_map, 1, [0.01, 0.3], directions)
     assert len(calls) == 2 * 3  # one chunk per (angle, direction) copy of the prompts
+    # the great circles' runs read out within the same budget: one chunk per lambda
+    pairs = torch.tensor([[0, 1], [1, 0]])
+    monkeypatch.setattr(lm, "LOGITS_BYTES", 4 * vocab * len(pairs))
+    calls.clear()
+    circles = lm.great_circle_runs(layer_map, 1, pairs, [0.0, 0.5, 1.0])
+    assert len(calls) == 3 and circles["top"].shape == (3, 2)
     for name in ("angle_ratio", "kl", "flipped"):
         torch.testing.assert_close(sliced[name], whole[name], rtol=1e-12, atol=1e-12)

@@ -239,6 +239,11 @@ class LayerMap:
     def onward_fn(self, start: int, stop: int | None = None) -> Map:
         return lambda x: self.onward(start, x, stop)
 
+    @property
+    def vocab_size(self) -> int:
+        """The number of logits :meth:`logits` gives per row."""
+        return int(self.model.model.get_output_embeddings().weight.shape[0])
+
     def logits(self, x_last: torch.Tensor) -> torch.Tensor:
         """Next-token logits from raw final states ``(N, d)``: final norm then the head."""
         norm = self.model.sites.final_norm
@@ -282,7 +287,8 @@ def _select_kwargs(kwargs: dict[str, Any], rows: torch.Tensor, batch: int) -> di
 
 LOGITS_BYTES = 768 << 20
 """The most bytes of float32 logits one chunk of perturbed rows reads out at once
-(its KL takes about three more of that size): 4,096 rows of SmolLM2's 49,152-token
+(its KL takes about three more of that size; the great circles' runs read their
+top-1 tokens within it too): 4,096 rows of SmolLM2's 49,152-token
 vocabulary, 768 of Gemma 3's 262,144, so that a large vocabulary does not run the
 machine out of memory."""
 
@@ -343,7 +349,7 @@ def perturbation_recovery(
     final = layer_map.states[:, -1]
     ref_logits = layer_map.logits(final)  # (B, V)
     ref_top = ref_logits.argmax(-1)
-    max_rows = _rows_for(max_rows, ref_logits.shape[-1])
+    max_rows = _rows_for(max_rows, layer_map.vocab_size)
     theta = torch.as_tensor(list(thetas), dtype=x.dtype, device=x.device)
     n_theta, n_dir = theta.numel(), directions.shape[0]
     # (n_theta, n_dir, B, d) starting states, flattened to copies of the batch
@@ -410,7 +416,7 @@ def great_circle_runs(
     flat = points.reshape(lam.numel() * n_pairs, -1)
     final = torch.empty_like(flat)
     top = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
-    for part in _chunks(lam.numel(), n_pairs, max_rows):
+    for part in _chunks(lam.numel(), n_pairs, _rows_for(max_rows, layer_map.vocab_size)):
         rows = slice(part.start * n_pairs, part.stop * n_pairs)
         final[rows] = sub.onward(start, flat[rows])
         top[rows] = sub.logits(final[rows]).argmax(-1)
