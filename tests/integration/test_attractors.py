@@ -324,3 +324,55 @@ def test_perturbation_chunks_fit_the_logits_budget(monkeypatch):
     assert len(calls) == 3 and circles["top"].shape == (3, 2)
     for name in ("angle_ratio", "kl", "flipped"):
         torch.testing.assert_close(sliced[name], whole[name], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma3"])
+def test_prefix_attention_equals_eager(kind):
+    """The layer map's own attention (the prefix read once per prompt, never repeated
+    per copy) gives the eager path's block outputs, pullbacks and pushes, on
+    left-padded prompts of different lengths, for 3 copies of the batch; gemma3's
+    layers alternate a sliding window of 4 tokens with full attention. Float64
+    with eager's float32 softmax: 1e-6 relative."""
+    from tokenfield.models.attention import eager_attention
+    from tokenfield.models.jacobian import _Linearised
+    from tokenfield.models.layer_map import (
+        PREFIX_ATTENTION,
+        layer_map_attention,
+        supports_prefix_attention,
+    )
+
+    layer_map = _layer_map(kind, double=True)
+    model = layer_map.model.model
+    lengths = {len(layer_map.model.tokenizer(p)["input_ids"]) for p in MULTI}
+    assert len(lengths) > 2  # padding is exercised
+    reps = 3
+    gen = torch.Generator().manual_seed(0)
+    x = layer_map.states[:, 0].repeat(reps, 1)
+    x = x + 0.1 * torch.randn(x.shape, generator=gen, dtype=x.dtype) * x.norm(dim=-1, keepdim=True)
+    u = torch.randn(x.shape, generator=gen, dtype=x.dtype)
+    results = {}
+    for name, context in (("eager", eager_attention), ("prefix", layer_map_attention)):
+        with context(model) as implementation:
+            if name == "prefix":
+                assert implementation == PREFIX_ATTENTION and supports_prefix_attention(model)
+            with torch.no_grad():
+                out = layer_map.onward(0, x)
+            block = layer_map.n_blocks - 1
+            linear = _Linearised(layer_map.block_fn(block), layer_map.states[:, block], reps)
+            results[name] = (out, linear.pull(u), linear.push(u))
+    assert model.config._attn_implementation != PREFIX_ATTENTION  # restored on exit
+    for eager, prefix in zip(results["eager"], results["prefix"], strict=True):
+        gap = (eager - prefix).abs().max() / eager.abs().max()
+        assert gap <= 1e-6, (kind, float(gap))
+
+
+def test_families_the_prefix_attention_does_not_reproduce_keep_eager():
+    """GPT-NeoX's eager function takes a head mask, GPT-2's has no ``scaling``:
+    neither is switched."""
+    from tokenfield.models.layer_map import layer_map_attention, supports_prefix_attention
+
+    for kind in ("gpt_neox", "gpt2"):
+        model = tiny_loaded(kind).model
+        assert not supports_prefix_attention(model)
+        with layer_map_attention(model) as implementation:
+            assert implementation == "eager" == model.config._attn_implementation

@@ -353,7 +353,7 @@ def product_spectra(
     max_iter: int = 50,
     tol: float = 1e-4,
     seed: int = 0,
-    max_rows: int = 8192,
+    max_rows: int = 12288,
 ) -> ProductSpectrum:
     """Top-k singular values of ``M_l = P^perp(y_L) J_{L-1} ... J_l P^perp(y_l) |x_l|/|x_L|``
     for every start block ``l`` in ``starts`` at once (``J`` alone without ``angular``).
@@ -371,7 +371,11 @@ def product_spectra(
     - forward: each start block's top right Ritz vector ``v_l`` enters the sweep at
       block ``l`` in its own column and is pushed to the output, ``W_l = M_l v_l``
       (the spare columns carry second and later Ritz vectors of the start blocks
-      with the largest residuals); the next ``U`` is ``qr(W)``.
+      with the largest residuals); the next ``U`` is ``qr(W)``. A column is pushed
+      only from its start block on: block ``j`` is linearised a second time for
+      the columns that have entered by then (the spare ones and the starts
+      ``l <= j``), so the forward sweep costs ``sum_l (L - l)`` column passes plus
+      the spare columns', not ``L p``.
 
     So ``U`` always holds the power-iteration step ``M_l v_l`` of every start block
     and each ``sigma_1(M_l)`` converges at least as fast as a power iteration on
@@ -379,11 +383,12 @@ def product_spectra(
     ``|M_l v_1 - sigma_1 u_1| / sigma_1`` is below ``tol`` for every start block and
     row (then ``sigma_1`` is within that relative distance of a singular value of
     ``M_l``) or after ``max_iter`` sweeps; the residuals are returned. The cost per
-    iteration is ``2 L p`` column passes through one block, against
+    iteration is at most ``2 L p`` column passes through one block, against
     ``2 (k + oversample) sum_l (L - l)`` for a separate subspace iteration per start.
     The linearisations of all ``L`` blocks are held at once (``L p B`` rows of
-    saved activations), so the prompts are taken in slices of at most
-    ``max_rows / (L p)`` (results concatenated, ``iterations`` the most any took).
+    saved activations for the backward sweep, fewer for the forward one), so the
+    prompts are taken in slices whose rows stay within ``max_rows`` (results
+    concatenated, ``iterations`` the most any took).
     """
     if k < 1:
         raise UserError(f"k must be at least 1, got {k}", "pass k >= 1")
@@ -391,7 +396,10 @@ def product_spectra(
     n_blocks = len(blocks)
     batch = states.shape[0]
     p_cols = len(starts) + max(0, k - 1) + max(0, oversample)
-    step = max(1, max_rows // max(1, n_blocks * p_cols))
+    held = n_blocks * p_cols + sum(
+        p_cols - len(starts) + sum(1 for s in starts if s <= j) for j in range(n_blocks)
+    )  # rows per prompt of the backward and the forward linearisations
+    step = max(1, max_rows // max(1, held))
     if batch > step:  # the linearisations of all blocks are held: bound their rows
         parts = [
             product_spectra(
@@ -418,7 +426,14 @@ def product_spectra(
     p = min(dim, n_start + max(0, k - 1) + max(0, oversample))
     k = min(k, p)
     ones = [1] * len(shape)
+    n_spare = p - n_start
+    first = starts[0]
     linear = [_Linearised(blocks[j], states[:, j], p) for j in range(n_blocks)]
+    # the forward sweep's columns at block j: the spare ones, then the starts l <= j
+    pushes = {
+        j: _Linearised(blocks[j], states[:, j], n_spare + sum(1 for s in starts if s <= j))
+        for j in range(first, n_blocks)
+    }
     y = _unit(states)  # (B, L + 1, *S)
     norms = states.norm(dim=-1, keepdim=True)  # (B, L + 1, *S[:-1], 1)
     y_end = y[:, -1].repeat(p, *ones)
@@ -451,15 +466,21 @@ def product_spectra(
         return torch.stack(out)
 
     def forward(columns: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
-        """Column ``c`` enters at block ``columns[c][0]`` with ``(B, D)`` vectors;
-        returns ``(B, D, p)``: each column's ``M_l v``."""
-        t = torch.zeros((p * batch, *shape), dtype=states.dtype, device=states.device)
-        for j in range(n_blocks):
-            for c, (start, vec) in enumerate(columns):
+        """Column ``c`` enters at block ``columns[c][0]`` with ``(B, D)`` vectors (the
+        first ``n_start`` at ``starts``, in order, then the spare ones); returns
+        ``(B, D, p)``: each column's ``M_l v``, in the same order."""
+        spare = columns[n_start:]
+        # rows: the spare columns (zero until they enter), then each start's as it enters
+        t = torch.zeros((n_spare * batch, *shape), dtype=states.dtype, device=states.device)
+        for j in range(first, n_blocks):
+            for c, (start, vec) in enumerate(spare):
                 if start == j:
-                    part = slice(c * batch, (c + 1) * batch)
-                    t[part] = enter(j, vec.reshape(batch, *shape))
-            t = linear[j].push(t)
+                    t[c * batch : (c + 1) * batch] = enter(j, vec.reshape(batch, *shape))
+            if j in starts:
+                vec = columns[starts.index(j)][1].reshape(batch, *shape)
+                t = torch.cat([t, enter(j, vec)])
+            t = pushes[j].push(t)
+        t = torch.cat([t[n_spare * batch :], t[: n_spare * batch]])  # starts, then spare
         if angular:
             t = radial_project(y_end, t)
         return cols(t)

@@ -154,11 +154,11 @@ def measure_attractors(
 
     ``progress(stage, fraction)`` is called as the work advances.
     """
-    from tokenfield.models.attention import eager_attention
+    from tokenfield.models.layer_map import layer_map_attention
 
-    # eager attention for the whole measurement: switching per block call walks
-    # every module of the model each time
-    with eager_attention(model.model):
+    # the layer map's attention for the whole measurement: switching per block call
+    # walks every module of the model each time
+    with layer_map_attention(model.model):
         return _measure(model, prompts, config, progress)
 
 
