@@ -13,7 +13,7 @@ renders its tables from ``docs/data/attractors/*.json``
 Usage: python benchmarks/attractors_bench.py [--model smollm2] [--prompts 200] [--k 4]
        [--spectra-prompts N] [--ftle-stride S] [--max-iter I] [--directions 16]
        [--thetas 0.001,...] [--pairs 48] [--lambdas 11] [--blocks 0,6,...] [--no-random]
-       [--device cpu] [--json F]
+       [--device cpu] [--workers W] [--json F]
 
 The issue's benchmark is ``--prompts 200 --k 4`` with the default grid.
 """
@@ -58,6 +58,12 @@ def main() -> None:
     parser.add_argument("--blocks", default=None)
     parser.add_argument("--no-random", action="store_true")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="measuring threads (default: torch's thread count on a CPU)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -82,20 +88,24 @@ def main() -> None:
         thetas=thetas, directions=args.directions, blocks=blocks,
         ftle_stride=args.ftle_stride, pairs=args.pairs,
         lambdas=tuple(float(x) for x in np.linspace(0, 1, args.lambdas)),
-        spectra_prompts=args.spectra_prompts, device=args.device,
+        spectra_prompts=args.spectra_prompts, device=args.device, workers=args.workers,
     )  # fmt: skip
     model = load_model(args.model, device=args.device)
     load_before = os.getloadavg()
     wall0, cpu0 = time.perf_counter(), time.process_time()
 
     stages: dict[str, float] = {}  # CPU seconds per stage, both models together
-    current = {"stage": None, "cpu": cpu0}
+    stage_walls: dict[str, float] = {}  # and wall seconds
+    current = {"stage": None, "cpu": cpu0, "wall": wall0}
 
     def progress(stage: str, fraction: float) -> None:
-        now = time.process_time()
+        now, wall = time.process_time(), time.perf_counter()
         if current["stage"] is not None:
             stages[current["stage"]] = stages.get(current["stage"], 0.0) + now - current["cpu"]
-        current.update(stage=stage, cpu=now)
+            stage_walls[current["stage"]] = (
+                stage_walls.get(current["stage"], 0.0) + wall - current["wall"]
+            )
+        current.update(stage=stage, cpu=now, wall=wall)
         if stage is None:
             return
         print(f"  {time.perf_counter() - wall0:8.1f}s wall {time.process_time() - cpu0:8.1f}s cpu"
@@ -116,7 +126,9 @@ def main() -> None:
     timing.update(wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
                   load_before=list(load_before), load_after=list(os.getloadavg()),
                   threads=int(__import__("torch").get_num_threads()), cpus=os.cpu_count(),
-                  stage_cpu_s={k: round(v, 1) for k, v in stages.items()})  # fmt: skip
+                  stage_cpu_s={k: round(v, 1) for k, v in stages.items()},
+                  stage_wall_s={k: round(v, 1) for k, v in stage_walls.items()},
+                  workers=config.workers)  # fmt: skip
     summary = {
         "model": args.model,
         "prompt_set": args.prompt_set,

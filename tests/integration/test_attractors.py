@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -376,3 +377,40 @@ def test_families_the_prefix_attention_does_not_reproduce_keep_eager():
         assert not supports_prefix_attention(model)
         with layer_map_attention(model) as implementation:
             assert implementation == "eager" == model.config._attn_implementation
+
+
+def test_the_numbers_do_not_depend_on_the_workers(monkeypatch):
+    """Two worker threads give one thread's arrays bit for bit (each task writes its
+    own rows; the directions are drawn before the tasks), with chunks, slices and
+    prompt parts small enough that every stage has several tasks; and an error in
+    a task reaches the caller."""
+    from tokenfield.models import jacobian
+    from tokenfield.pipelines import attractors
+    from tokenfield.pipelines.attractors import AttractorConfig, measure_attractors
+    from tokenfield.prompts import Prompt
+
+    model = tiny_loaded("llama")
+    prompts = [Prompt(p, category="ab"[i % 2]) for i, p in enumerate(MULTI * 2)]
+    monkeypatch.setattr(attractors, "PROMPTS_PER_TASK", 3)
+    config = dict(directions=4, thetas=(0.01, 0.1, 1.0), pairs=3, max_iter=20, n_boot=20,
+                  chunk=3)  # fmt: skip
+    monkeypatch.setattr(jacobian, "product_slice", lambda *a, **k: 4)
+    before = torch.get_num_threads()
+    one = measure_attractors(model, prompts, AttractorConfig(workers=1, **config))
+    two = measure_attractors(model, prompts, AttractorConfig(workers=2, **config))
+    assert torch.get_num_threads() == before  # restored
+    for name in ("jacobian_sv", "angular_sv", "ftle", "sensitive_direction", "angle_ratio",
+                 "kl", "flipped", "basin_radius"):  # fmt: skip
+        assert one["arrays"][name].shape == two["arrays"][name].shape
+        assert np.array_equal(one["arrays"][name], two["arrays"][name], equal_nan=True), name
+    for kind in ("same", "different"):
+        a, b = one["arrays"]["basins"][kind], two["arrays"]["basins"][kind]
+        assert np.array_equal(a["slope"], b["slope"], equal_nan=True)
+    assert np.isfinite(one["arrays"]["ftle"]).all()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(jacobian, "lanczos_singular", broken)
+    with pytest.raises(RuntimeError, match="planted"):
+        measure_attractors(model, prompts, AttractorConfig(workers=2, **config))

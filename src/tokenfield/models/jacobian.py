@@ -35,6 +35,7 @@ __all__ = [
     "Spectrum",
     "angle_between",
     "lanczos_singular",
+    "product_slice",
     "product_spectra",
     "radial_project",
     "tangent_directions",
@@ -113,27 +114,47 @@ def _orth(a: torch.Tensor) -> torch.Tensor:
 
 
 class _Linearised:
-    """A row map linearised at ``x0`` for ``m`` columns per row, the forward pass done once.
+    """A row map linearised at ``x0`` ``(B, *S)``, the forward pass done once, for any
+    number of columns per row.
 
-    ``pull(U) = J^T U`` is a reused ``torch.func.vjp`` pullback of ``f`` on ``m``
-    copies of the batch; ``push(V) = J V`` is the pullback of that pullback (it is
-    linear in its argument, so its own pullback is ``J``: the double-vjp form of a
-    ``jvp``, which reuses the same forward pass). Both take and return rows
-    ``(m*B, *S)`` (row ``r`` is column ``r // B`` of prompt ``r % B``).
+    ``pull(U) = J^T U`` is the reused ``torch.func.vjp`` pullback of ``f`` at ``x0``;
+    ``push(V) = J V`` is the pullback of that pullback (it is linear in its
+    argument, so its own pullback is ``J``: the double-vjp form of a ``jvp``, which
+    reuses the same forward pass), built on first use. Both take and return rows
+    ``(m*B, *S)`` (row ``r`` is column ``r // B`` of prompt ``r % B``) for any ``m``:
+    the columns are mapped with ``torch.func.vmap``, so the forward pass and its
+    saved activations are those of ``B`` rows, not ``m*B``. (``m`` is a hint, kept
+    for the callers that state it.)
     """
 
-    def __init__(self, f: Map, x0: torch.Tensor, m: int):
+    def __init__(self, f: Map, x0: torch.Tensor, m: int = 1):
         self.batch, self.shape, self.m = x0.shape[0], tuple(x0.shape[1:]), m
-        primal = x0.repeat(m, *([1] * len(self.shape)))  # (m*B, *S)
-        out, self._pullback = torch.func.vjp(f, primal)
-        self.out0 = out[: self.batch].detach()
-        _, self._push = torch.func.vjp(lambda u: self._pullback(u)[0], torch.zeros_like(out))
+        out, self._pullback = torch.func.vjp(f, x0)
+        self.out0 = out.detach()
+        self._pull_cols = torch.func.vmap(self._pull_one)
+        self._push_one: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None
+        self._push_cols = torch.func.vmap(self._push_column)
+
+    def _pull_one(self, u: torch.Tensor) -> torch.Tensor:
+        return self._pullback(u)[0]
+
+    def _push_column(self, v: torch.Tensor) -> torch.Tensor:
+        assert self._push_one is not None
+        return self._push_one(v)[0]
+
+    def _columns(self, fn, vmapped, t: torch.Tensor) -> torch.Tensor:
+        if t.shape[0] == self.batch:  # one column: no vmap
+            return fn(t).detach()
+        cols = t.reshape(-1, self.batch, *self.shape)
+        return vmapped(cols).reshape(t.shape).detach()
 
     def push(self, v: torch.Tensor) -> torch.Tensor:
-        return self._push(v)[0].detach()
+        if self._push_one is None:
+            _, self._push_one = torch.func.vjp(self._pull_one, torch.zeros_like(self.out0))
+        return self._columns(self._push_column, self._push_cols, v)
 
     def pull(self, u: torch.Tensor) -> torch.Tensor:
-        return self._pullback(u)[0].detach()
+        return self._columns(self._pull_one, self._pull_cols, u)
 
 
 def tangent_maps(
@@ -342,6 +363,17 @@ class ProductSpectrum:
     iterations: int
 
 
+def product_slice(
+    starts: Sequence[int], k: int = 4, oversample: int = 4, max_rows: int = 512
+) -> int:
+    """The prompts :func:`product_spectra` takes at once: each block call of its
+    sweeps runs ``p = len(starts) + k - 1 + oversample`` columns of every prompt,
+    at most ``max_rows`` rows (past a few hundred rows a block call is no faster
+    per row, and a slice iterates until its slowest prompt has converged)."""
+    p_cols = len({int(s) for s in starts}) + max(0, k - 1) + max(0, oversample)
+    return max(1, max_rows // max(1, p_cols))
+
+
 def product_spectra(
     blocks: Sequence[Map],
     states: torch.Tensor,
@@ -353,7 +385,7 @@ def product_spectra(
     max_iter: int = 50,
     tol: float = 1e-4,
     seed: int = 0,
-    max_rows: int = 12288,
+    max_rows: int = 512,
 ) -> ProductSpectrum:
     """Top-k singular values of ``M_l = P^perp(y_L) J_{L-1} ... J_l P^perp(y_l) |x_l|/|x_L|``
     for every start block ``l`` in ``starts`` at once (``J`` alone without ``angular``).
@@ -372,10 +404,9 @@ def product_spectra(
       block ``l`` in its own column and is pushed to the output, ``W_l = M_l v_l``
       (the spare columns carry second and later Ritz vectors of the start blocks
       with the largest residuals); the next ``U`` is ``qr(W)``. A column is pushed
-      only from its start block on: block ``j`` is linearised a second time for
-      the columns that have entered by then (the spare ones and the starts
-      ``l <= j``), so the forward sweep costs ``sum_l (L - l)`` column passes plus
-      the spare columns', not ``L p``.
+      only from its start block on (the spare ones, then each start's as it
+      enters), so the forward sweep costs ``sum_l (L - l)`` column passes plus the
+      spare columns', not ``L p``.
 
     So ``U`` always holds the power-iteration step ``M_l v_l`` of every start block
     and each ``sigma_1(M_l)`` converges at least as fast as a power iteration on
@@ -385,21 +416,17 @@ def product_spectra(
     ``M_l``) or after ``max_iter`` sweeps; the residuals are returned. The cost per
     iteration is at most ``2 L p`` column passes through one block, against
     ``2 (k + oversample) sum_l (L - l)`` for a separate subspace iteration per start.
-    The linearisations of all ``L`` blocks are held at once (``L p B`` rows of
-    saved activations for the backward sweep, fewer for the forward one), so the
-    prompts are taken in slices whose rows stay within ``max_rows`` (results
-    concatenated, ``iterations`` the most any took).
+    The linearisations of all ``L`` blocks are held at once (the saved activations
+    of ``B`` rows each: the columns are mapped over, not copied), and the prompts
+    are taken in slices of :func:`product_slice` (results concatenated,
+    ``iterations`` the most any took).
     """
     if k < 1:
         raise UserError(f"k must be at least 1, got {k}", "pass k >= 1")
     starts = tuple(sorted({int(s) for s in starts}))
     n_blocks = len(blocks)
     batch = states.shape[0]
-    p_cols = len(starts) + max(0, k - 1) + max(0, oversample)
-    held = n_blocks * p_cols + sum(
-        p_cols - len(starts) + sum(1 for s in starts if s <= j) for j in range(n_blocks)
-    )  # rows per prompt of the backward and the forward linearisations
-    step = max(1, max_rows // max(1, held))
+    step = product_slice(starts, k, oversample, max_rows)
     if batch > step:  # the linearisations of all blocks are held: bound their rows
         parts = [
             product_spectra(
@@ -429,11 +456,6 @@ def product_spectra(
     n_spare = p - n_start
     first = starts[0]
     linear = [_Linearised(blocks[j], states[:, j], p) for j in range(n_blocks)]
-    # the forward sweep's columns at block j: the spare ones, then the starts l <= j
-    pushes = {
-        j: _Linearised(blocks[j], states[:, j], n_spare + sum(1 for s in starts if s <= j))
-        for j in range(first, n_blocks)
-    }
     y = _unit(states)  # (B, L + 1, *S)
     norms = states.norm(dim=-1, keepdim=True)  # (B, L + 1, *S[:-1], 1)
     y_end = y[:, -1].repeat(p, *ones)
@@ -479,7 +501,7 @@ def product_spectra(
             if j in starts:
                 vec = columns[starts.index(j)][1].reshape(batch, *shape)
                 t = torch.cat([t, enter(j, vec)])
-            t = pushes[j].push(t)
+            t = linear[j].push(t)
         t = torch.cat([t[n_spare * batch :], t[: n_spare * batch]])  # starts, then spare
         if angular:
             t = radial_project(y_end, t)

@@ -76,7 +76,7 @@ a group (``repeat_kv``) before two matmuls; those copies took about a third of a
 block call's time for 37 copies of 7 prompts. This one gives the same numbers (the
 same operations: scores scaled, soft-capped, masked, a float32 softmax, the
 weighted sum; ``tests/integration/test_attractors.py`` compares the two on tiny
-models of four families, gradients included) with the prefix read once per prompt.
+models of three families, gradients included) with the prefix read once per prompt.
 """
 
 

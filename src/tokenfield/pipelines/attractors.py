@@ -46,6 +46,12 @@ from tokenfield.runs import ATTRACTORS_HTML, ATTRACTORS_JSON, ATTRACTORS_ZARR
 
 DEFAULT_THETAS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.4, 0.7, 1.0)
 DEFAULT_LAMBDAS = tuple(float(x) for x in np.linspace(0, 1, 11))
+PERTURBED_ROWS = 2048
+"""Perturbed rows that one task runs onward at once (fewer for a large vocabulary:
+:data:`tokenfield.models.layer_map.LOGITS_BYTES`); each worker holds its own."""
+PROMPTS_PER_TASK = 32
+"""Prompts per perturbation task. Fixed, like every other split, so that the
+matrix shapes, and with them the numbers, do not depend on the workers."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,11 @@ class AttractorConfig:
         max_prompts: use the first this many prompts (``None``: all).
         spectra_prompts: Jacobian spectra and FTLEs on the first this many
             prompts (``None``: all), the most costly part.
-        chunk: prompts per automatic-differentiation batch.
+        chunk: prompts per batch of the block spectra (Lanczos).
+        workers: threads that measure at once, each on its own prompts, blocks
+            and slices (``None``: torch's thread count on a CPU, 1 on a GPU).
+            torch's own threads are divided among them for the call and
+            restored after; the numbers do not depend on it.
         n_boot: bootstrap resamples (of prompts, or of pairs).
         seed: directions, pairs, the bootstrap and the random-weight copy.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
@@ -87,7 +97,8 @@ class AttractorConfig:
     lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
     max_prompts: int | None = None
     spectra_prompts: int | None = None
-    chunk: int = 32
+    chunk: int = 64
+    workers: int | None = None
     n_boot: int = 1000
     seed: int = 0
     device: str = "cpu"
@@ -117,6 +128,8 @@ class AttractorConfig:
             raise ParameterError(
                 "ftle_stride", "the FTLE stride must be 1 or more", "pass {name} 1"
             )
+        if self.workers is not None and self.workers < 1:
+            raise ParameterError("workers", "need at least one worker", "pass {name} 1 or more")
         if self.tol <= 0 or self.max_iter < 1:
             raise ParameterError("tol", "the tolerance must be positive", "pass {name} 1e-3")
 
@@ -169,7 +182,12 @@ def _measure(
     progress: Callable[[str, float], None] | None,
 ) -> dict[str, Any]:
     from tokenfield.models.batching import encode_prompts
-    from tokenfield.models.jacobian import lanczos_singular, product_spectra, tangent_directions
+    from tokenfield.models.jacobian import (
+        lanczos_singular,
+        product_slice,
+        product_spectra,
+        tangent_directions,
+    )
     from tokenfield.models.layer_map import LayerMap, great_circle_runs, perturbation_recovery
     from tokenfield.prompts import as_prompts
 
@@ -202,71 +220,97 @@ def _measure(
     ftle = np.full((n_spec, len(ftle_blocks), k), np.nan)
     ftle_residual = np.full((n_spec, len(ftle_blocks)), np.nan)
     sensitive = np.zeros((n_spec, len(blocks), d), dtype=np.float32)
-    iterations = []
+    iterations: list[int] = []
     solver = dict(k=k, oversample=config.oversample, max_iter=config.max_iter, tol=config.tol,
                   seed=config.seed)  # fmt: skip
     # block Jacobians near the identity have clustered top values: a Krylov method
     krylov = dict(k=k, max_iter=3 * config.max_iter, tol=config.tol, seed=config.seed)
-    chunks = [range(s, min(n_spec, s + config.chunk)) for s in range(0, n_spec, config.chunk)]
-    total_work = len(chunks) * (2 * n_blocks + len(ftle_blocks) * n_blocks)
-    done = 0
-    for rows in chunks:
+    workers = _workers(config, layer_map)
+    pool = _Pool(workers)
+    max_rows = PERTURBED_ROWS
+
+    # 1. block spectra: a task per chunk of prompts, block and kind (plain / angular)
+    def block_spectrum(rows: range, block: int, angular: bool) -> None:
         sub = layer_map.select(torch.as_tensor(list(rows)))
-        lo, hi = rows.start, rows.stop
-        for block in range(n_blocks):
-            x = sub.states[:, block]
-            spec = lanczos_singular(sub.block_fn(block), x, **krylov)
-            jac[lo:hi, block] = spec.values.double().cpu().numpy()
-            spec = lanczos_singular(sub.block_fn(block), x, angular=True, **krylov)
-            ang[lo:hi, block] = spec.values.double().cpu().numpy()
-            done += 2
-            report("block Jacobians", done / total_work)
-        # FTLEs from every start block (and the sensitive directions of the
-        # perturbation blocks) in one set of sweeps through the blocks
+        spec = lanczos_singular(sub.block_fn(block), sub.states[:, block], angular=angular,
+                                **krylov)  # fmt: skip
+        (ang if angular else jac)[rows.start : rows.stop, block] = (
+            spec.values.double().cpu().numpy()
+        )
+
+    chunks = [range(s, min(n_spec, s + config.chunk)) for s in range(0, n_spec, config.chunk)]
+    tasks = [(block_spectrum, rows, block, angular)
+             for rows in chunks for block in range(n_blocks) for angular in (False, True)]  # fmt: skip
+    pool.run(tasks, lambda f: report("block Jacobians", f))
+
+    # 2. FTLEs from every start block (and the sensitive directions of the perturbation
+    # blocks) in one set of sweeps through the blocks, a task per slice of prompts
+    def lyapunov(rows: range) -> None:
+        sub = layer_map.select(torch.as_tensor(list(rows)))
         spec = product_spectra([sub.block_fn(b) for b in range(n_blocks)], sub.states, starts,
                                **solver)  # fmt: skip
+        lo, hi = rows.start, rows.stop
         values = spec.values.double().cpu().numpy()  # (B, n_start, k)
         for column, block in enumerate(ftle_blocks):
             at = starts.index(block)
             ftle[lo:hi, column] = np.log(np.maximum(values[:, at], 1e-300)) / (n_blocks - block)
             ftle_residual[lo:hi, column] = spec.residual[:, at].double().cpu().numpy()
         for index, block in enumerate(blocks):
-            vec = spec.right[:, starts.index(block)]
-            sensitive[lo:hi, index] = vec.float().cpu().numpy()
+            sensitive[lo:hi, index] = spec.right[:, starts.index(block)].float().cpu().numpy()
         iterations.append(spec.iterations)
-        done += len(ftle_blocks) * n_blocks
-        report("Lyapunov exponents", done / total_work)
+
+    step = product_slice(starts, k, config.oversample)
+    slices = [range(s, min(n_spec, s + step)) for s in range(0, n_spec, step)]
+    pool.run([(lyapunov, rows) for rows in slices], lambda f: report("Lyapunov exponents", f))
     arrays.update(jacobian_sv=jac, angular_sv=ang, ftle=ftle, ftle_residual=ftle_residual,
                   sensitive_direction=sensitive)  # fmt: skip
 
-    # perturbation recovery: random directions on every prompt, the sensitive one on n_spec
+    # 3. perturbation recovery: random directions on every prompt, the sensitive one on
+    # n_spec; the directions drawn here, in order, so no number depends on the workers
     gen = torch.Generator(device="cpu").manual_seed(config.seed)
     thetas = [float(t) for t in config.thetas]
     shape = (len(blocks), len(thetas), config.directions + 1, n_prompts)
     ratio, kl = np.full(shape, np.nan), np.full(shape, np.nan)
     flipped = np.zeros(shape, dtype=bool)
-    spec_rows = torch.arange(n_spec)
-    for index, block in enumerate(blocks):
+    drawn = []
+    for block in blocks:
         y = layer_map.states[:, block] / layer_map.states[:, block].norm(dim=-1, keepdim=True)
         directions = tangent_directions(y, config.directions, gen)
-        result = perturbation_recovery(layer_map, block, thetas, directions)
-        ratio[index, :, :-1] = result["angle_ratio"].double().cpu().numpy()
-        kl[index, :, :-1] = result["kl"].double().cpu().numpy()
-        flipped[index, :, :-1] = result["flipped"].cpu().numpy()
-        sub = layer_map.select(spec_rows)
-        vec = torch.as_tensor(sensitive[:, index], dtype=sub.dtype, device=sub.states.device)
+        vec = torch.as_tensor(sensitive[:, len(drawn)], dtype=y.dtype, device=y.device)
         ys = y[:n_spec]
         vec = vec - ys * (ys * vec).sum(-1, keepdim=True)
         vec = vec / vec.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-        result = perturbation_recovery(sub, block, thetas, vec[None])
-        ratio[index, :, -1, :n_spec] = result["angle_ratio"][:, 0].double().cpu().numpy()
-        kl[index, :, -1, :n_spec] = result["kl"][:, 0].double().cpu().numpy()
-        flipped[index, :, -1, :n_spec] = result["flipped"][:, 0].cpu().numpy()
-        report("perturbations", (index + 1) / len(blocks))
+        drawn.append((directions, vec))
+
+    def perturb(index: int, rows: range) -> None:
+        block = blocks[index]
+        directions, vec = drawn[index]
+        sub = layer_map.select(torch.as_tensor(list(rows)))
+        result = perturbation_recovery(sub, block, thetas, directions[:, rows.start : rows.stop],
+                                       max_rows=max_rows)  # fmt: skip
+        at = slice(rows.start, rows.stop)
+        ratio[index, :, :-1, at] = result["angle_ratio"].double().cpu().numpy()
+        kl[index, :, :-1, at] = result["kl"].double().cpu().numpy()
+        flipped[index, :, :-1, at] = result["flipped"].cpu().numpy()
+        spec_rows = range(rows.start, min(rows.stop, n_spec))
+        if len(spec_rows) == 0:
+            return
+        sub = layer_map.select(torch.as_tensor(list(spec_rows)))
+        result = perturbation_recovery(sub, block, thetas, vec[None, spec_rows.start : spec_rows.stop],
+                                       max_rows=max_rows)  # fmt: skip
+        at = slice(spec_rows.start, spec_rows.stop)
+        ratio[index, :, -1, at] = result["angle_ratio"][:, 0].double().cpu().numpy()
+        kl[index, :, -1, at] = result["kl"][:, 0].double().cpu().numpy()
+        flipped[index, :, -1, at] = result["flipped"][:, 0].cpu().numpy()
+
+    parts = [range(s, min(n_prompts, s + PROMPTS_PER_TASK))
+             for s in range(0, n_prompts, PROMPTS_PER_TASK)]  # fmt: skip
+    pool.run([(perturb, index, rows) for index in range(len(blocks)) for rows in parts],
+             lambda f: report("perturbations", f))  # fmt: skip
     radius = np.stack([stats.basin_radius(flipped[i, :, :-1], thetas) for i in range(len(blocks))])
     arrays.update(angle_ratio=ratio, kl=kl, flipped=flipped, basin_radius=radius)
 
-    # category basins along great circles
+    # 4. category basins along great circles, a task per kind and block
     categories = [p.category for p in prompts[:n_prompts]]
     rng = np.random.default_rng(config.seed)
     pair_sets = {"same": _pairs(categories, config.pairs, True, rng),
@@ -282,30 +326,34 @@ def _measure(
     ref_top = layer_map.logits(layer_map.states[:, -1]).argmax(-1).cpu().numpy()
     basins: dict[str, Any] = {}
     for kind, pairs in pair_sets.items():
-        n_pairs = len(pairs)
-        slope = np.full((len(blocks), n_pairs), np.nan)
-        mid = np.full((len(blocks), n_pairs), np.nan)
-        centroid_switch = np.full((len(blocks), len(config.lambdas), n_pairs), np.nan)
-        top_switch = np.full((len(blocks), len(config.lambdas), n_pairs), np.nan)
-        fraction = np.full((len(blocks), len(config.lambdas), n_pairs), np.nan)
-        for index, block in enumerate(blocks):
-            if n_pairs == 0:
-                continue
-            out = great_circle_runs(layer_map, block, torch.as_tensor(pairs), config.lambdas)
-            ends = out["final"].double().cpu().numpy()
-            frac = stats.switch_fraction(ends, final[pairs[:, 0]], final[pairs[:, 1]])
-            fraction[index] = frac
-            slope[index], mid[index] = stats.logistic_slope(config.lambdas, frac)
-            top = out["top"].cpu().numpy()
-            top_switch[index] = top == ref_top[pairs[:, 1]][None]
-            if centroids is not None:
-                u = ends / np.linalg.norm(ends, axis=-1, keepdims=True)
-                nearest = np.argmax(u @ centroids.T, axis=-1)  # (n_lambda, P)
-                target = np.array([names.index(categories[b]) for b in pairs[:, 1]])
-                centroid_switch[index] = nearest == target[None]
-        basins[kind] = {"pairs": pairs, "slope": slope, "midpoint": mid, "fraction": fraction,
-                        "centroid_is_b": centroid_switch, "top1_is_b": top_switch}  # fmt: skip
-        report(f"{kind}-category basins", 1.0)
+        n_pairs, n_lambda = len(pairs), len(config.lambdas)
+        basins[kind] = {
+            "pairs": pairs,
+            "slope": np.full((len(blocks), n_pairs), np.nan),
+            "midpoint": np.full((len(blocks), n_pairs), np.nan),
+            "fraction": np.full((len(blocks), n_lambda, n_pairs), np.nan),
+            "centroid_is_b": np.full((len(blocks), n_lambda, n_pairs), np.nan),
+            "top1_is_b": np.full((len(blocks), n_lambda, n_pairs), np.nan),
+        }
+
+    def basin(kind: str, index: int) -> None:
+        out, pairs = basins[kind], pair_sets[kind]
+        runs = great_circle_runs(layer_map, blocks[index], torch.as_tensor(pairs),
+                                 config.lambdas, max_rows=max_rows)  # fmt: skip
+        ends = runs["final"].double().cpu().numpy()
+        frac = stats.switch_fraction(ends, final[pairs[:, 0]], final[pairs[:, 1]])
+        out["fraction"][index] = frac
+        out["slope"][index], out["midpoint"][index] = stats.logistic_slope(config.lambdas, frac)
+        out["top1_is_b"][index] = runs["top"].cpu().numpy() == ref_top[pairs[:, 1]][None]
+        if centroids is not None:
+            u = ends / np.linalg.norm(ends, axis=-1, keepdims=True)
+            nearest = np.argmax(u @ centroids.T, axis=-1)  # (n_lambda, P)
+            target = np.array([names.index(categories[b]) for b in pairs[:, 1]])
+            out["centroid_is_b"][index] = nearest == target[None]
+
+    tasks = [(basin, kind, index) for kind, pairs in pair_sets.items() if len(pairs)
+             for index in range(len(blocks))]  # fmt: skip
+    pool.run(tasks, lambda f: report("category basins", f))
     arrays["basins"] = basins
     summary = _summarise(arrays, config, blocks, ftle_blocks, n_blocks)
     summary.update(
@@ -323,6 +371,60 @@ def _measure(
         seconds=round(time.perf_counter() - started, 2),
     )
     return {"arrays": arrays, "summary": summary, "categories": categories}
+
+
+def _workers(config: AttractorConfig, layer_map: Any) -> int:
+    """``config.workers``, or torch's thread count on a CPU and 1 on a GPU."""
+    if config.workers is not None:
+        return int(config.workers)
+    if layer_map.states.device.type != "cpu":
+        return 1
+    return max(1, torch.get_num_threads())
+
+
+class _Pool:
+    """Runs independent tasks on ``workers`` threads (inline with one), torch's
+    threads divided among them for the duration of each :meth:`run`.
+
+    Each task writes its own rows of preallocated arrays, so the numbers do not
+    depend on the order in which tasks finish; progress is reported from the
+    calling thread as they do.
+    """
+
+    def __init__(self, workers: int):
+        self.workers = workers
+
+    def run(self, tasks: list[tuple[Any, ...]], report: Callable[[float], None]) -> None:
+        if not tasks:
+            report(1.0)
+            return
+        if self.workers <= 1 or len(tasks) == 1:
+            for count, (fn, *args) in enumerate(tasks, start=1):
+                fn(*args)
+                report(count / len(tasks))
+            return
+        from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+        before = torch.get_num_threads()
+        each = max(1, before // self.workers)
+        torch.set_num_threads(each)
+        try:
+            with ThreadPoolExecutor(
+                min(self.workers, len(tasks)), initializer=torch.set_num_threads, initargs=(each,)
+            ) as pool:
+                pending = {pool.submit(fn, *args) for fn, *args in tasks}
+                done_count = 0
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    for future in done:
+                        if future.exception() is not None:
+                            for other in pending:
+                                other.cancel()
+                            raise future.exception()  # type: ignore[misc]
+                    done_count += len(done)
+                    report(done_count / len(tasks))
+        finally:
+            torch.set_num_threads(before)
 
 
 def _interval(values: np.ndarray, config: AttractorConfig) -> dict[str, list[float]]:
