@@ -268,11 +268,13 @@ def test_attractors_command_end_to_end(tmp_path, cli):
     result = cli(["trace", "-m", model_dir, "-p", prompts, "-o", run])
     assert result.code == 0, result.err
     args = ["attractors", str(run), "--directions", "4", "--thetas", "0.01,0.1,1",
-            "--pairs", "3", "--lambdas", "5", "--max-iter", "4", "--bootstrap", "50"]  # fmt: skip
+            "--pairs", "3", "--lambdas", "5", "--max-iter", "4", "--bootstrap", "50",
+            "--workers", "2"]  # fmt: skip
     result = cli(args)
     assert result.code == 0, result.err
     data = json.loads((run / "attractors.json").read_text())
     assert data["trained"]["n_blocks"] == 3 and data["random"] is not None
+    assert data["trained"]["workers"] == 2 == data["config"]["workers"]
     assert data["verdicts"]["basins"]["text"].startswith("the category regions act as basins")
     assert all("toward the output" in v["text"] or "neutral" in v["text"]
                for v in data["verdicts"]["ftle"])  # fmt: skip
@@ -289,6 +291,8 @@ def test_attractors_command_end_to_end(tmp_path, cli):
     bad = cli(["attractors", run, "--thetas", "1,0.1"])
     assert bad.code == 2
     assert "--thetas" in bad.err and "Traceback" not in bad.err
+    bad = cli(["attractors", run, "--workers", "0"])
+    assert bad.code == 2 and "--workers" in bad.err and "Traceback" not in bad.err
 
 
 def test_perturbation_chunks_fit_the_logits_budget(monkeypatch):
@@ -397,8 +401,13 @@ def test_the_numbers_do_not_depend_on_the_workers(monkeypatch):
     monkeypatch.setattr(jacobian, "product_slice", lambda *a, **k: 4)
     before = torch.get_num_threads()
     one = measure_attractors(model, prompts, AttractorConfig(workers=1, **config))
-    two = measure_attractors(model, prompts, AttractorConfig(workers=2, **config))
+    reports: list[tuple[str, float]] = []
+    two = measure_attractors(model, prompts, AttractorConfig(workers=2, **config),
+                             progress=lambda stage, f: reports.append((stage, f)))  # fmt: skip
     assert torch.get_num_threads() == before  # restored
+    # progress as the tasks end, not only when all of a stage's have
+    spectra = [f for stage, f in reports if stage == "block Jacobians"]
+    assert spectra[0] == 0.0 and spectra[-1] == 1.0 and len(set(spectra)) > 4
     for name in ("jacobian_sv", "angular_sv", "ftle", "sensitive_direction", "angle_ratio",
                  "kl", "flipped", "basin_radius"):  # fmt: skip
         assert one["arrays"][name].shape == two["arrays"][name].shape

@@ -66,6 +66,16 @@ def attractors_command(
         bool, typer.Option("--random-copy/--no-random-copy", help="Measure a random copy too.")
     ] = True,
     device: Device = "cpu",
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Threads that measure at once, each on its own prompts and blocks (the "
+            "numbers do not depend on it) [default: the command's torch threads (the idle "
+            "cores) on a CPU, 1 on a GPU].",
+            show_default=False,
+        ),
+    ] = None,
     seed: Seed = 0,
     as_json: Json = False,
 ) -> None:
@@ -81,7 +91,7 @@ def attractors_command(
                     lambdas=tuple(float(x) for x in np.linspace(0, 1, max(2, lambdas))),
                     max_iter=max_iter, tol=tol, spectra_prompts=spectra_prompts,
                     n_boot=bootstrap, random_copy=random_copy, device=device,
-                    seed=seed)  # fmt: skip
+                    workers=workers, seed=seed)  # fmt: skip
     if thetas is not None:
         settings["thetas"] = tuple(numbers(thetas, "--thetas", ranges=False))
     if blocks is not None:

@@ -466,13 +466,15 @@ def _final_readout(
     of two log-probabilities of size ``log V``).
     """
     logits = layer_map.logits(x_final)  # (m*B, V)
+    top = logits.argmax(-1)
     batch = ref_logits.shape[0]
     reps = x_final.shape[0] // batch
     ref_logp = torch.log_softmax(ref_logits, dim=-1)  # (B, V)
-    delta = logits.reshape(reps, batch, -1) - ref_logits  # (m, B, V)
+    # in place: the logits become delta, then delta + log p_ref (no other (m*B, V) array)
+    delta = logits.reshape(reps, batch, -1).sub_(ref_logits)  # (m, B, V)
     cross = torch.einsum("rbv,bv->rb", delta, ref_logp.exp())
-    kl = torch.logsumexp(delta + ref_logp, dim=-1) - cross
-    return kl.reshape(-1).clamp_min(0), logits.argmax(-1)
+    kl = torch.logsumexp(delta.add_(ref_logp), dim=-1) - cross
+    return kl.reshape(-1).clamp_min(0), top
 
 
 @torch.no_grad()

@@ -368,6 +368,7 @@ def _measure(
         thetas=thetas,
         lambdas=[float(x) for x in config.lambdas],
         iterations_max=int(max(iterations)) if iterations else 0,
+        workers=workers,
         seconds=round(time.perf_counter() - started, 2),
     )
     return {"arrays": arrays, "summary": summary, "categories": categories}
@@ -395,6 +396,7 @@ class _Pool:
         self.workers = workers
 
     def run(self, tasks: list[tuple[Any, ...]], report: Callable[[float], None]) -> None:
+        report(0.0)  # the stage starts
         if not tasks:
             report(1.0)
             return
@@ -403,7 +405,7 @@ class _Pool:
                 fn(*args)
                 report(count / len(tasks))
             return
-        from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
         before = torch.get_num_threads()
         each = max(1, before // self.workers)
@@ -415,7 +417,7 @@ class _Pool:
                 pending = {pool.submit(fn, *args) for fn, *args in tasks}
                 done_count = 0
                 while pending:
-                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for future in done:
                         if future.exception() is not None:
                             for other in pending:
