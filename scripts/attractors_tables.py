@@ -219,8 +219,8 @@ def benchmark_line(run: dict) -> str:
         f"the default grid, every stage on all {trained['spectra_prompts']} prompts, {workers} "
         f"worker threads on {timing['cpus']} cores: **{wall:.1f} min wall** "
         f"({timing['trained_cpu_s'] / 60:.1f} min of CPU time; load average "
-        f"{timing['load_before'][0]:.1f} before), {met} the {TARGET_MIN:.0f}-minute target. "
-        + (f"Wall time by stage: {stages}." if stages else "")
+        f"{timing['load_before'][0]:.1f} before), {met} the {TARGET_MIN:.0f}-minute target."
+        + (f" Wall time by stage: {stages}." if stages else "")
     )
 
 
