@@ -5,8 +5,9 @@ Transformers looks attention up by name (``config._attn_implementation``) in its
 :func:`attention_implementation` registers a function and its mask builder under
 a name once, switches a model to it inside a ``with`` block and restores the
 model's own implementation on exit, even on error. Used by the queries-and-keys
-attention read-out (:mod:`tokenfield.models.attention_readout`) and the cascade
-attention of the attractor measurements (:mod:`tokenfield.models.cascade`).
+attention read-out (:mod:`tokenfield.models.attention_readout`), the cascade
+attention of steered generation (:mod:`tokenfield.models.cascade`) and the last
+token's layer map of the attractor measurements (:mod:`tokenfield.models.layer_map`).
 """
 
 from __future__ import annotations

@@ -160,33 +160,28 @@ def _prefix_attention(
     return out.permute(2, 0, 1, 3, 4).reshape(rows, 1, heads, dim), None
 
 
-_REGISTERED = False
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """No model-level mask under :data:`PREFIX_ATTENTION`: the blocks are called with
+    the masks captured from the whole prompt (a full forward pass of the model
+    there fails in :func:`_prefix_attention`, which needs a layer map)."""
+    return None
 
 
 @contextlib.contextmanager
 def layer_map_attention(model: torch.nn.Module) -> Iterator[str]:
     """The attention for evaluating :class:`LayerMap` maps many times: :data:`PREFIX_ATTENTION`
     where :func:`supports_prefix_attention`, else eager. Set once around a whole
-    measurement (switching walks every module of the model); restored on exit.
-    Yields the implementation set."""
-    global _REGISTERED
+    measurement (switching to eager walks every module of the model); restored on
+    exit. Yields the implementation set."""
     from tokenfield.models.attention import eager_attention
+    from tokenfield.models.attention_impl import attention_implementation
 
     if not supports_prefix_attention(model):
         with eager_attention(model):
             yield "eager"
         return
-    if not _REGISTERED:
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(PREFIX_ATTENTION, _prefix_attention)
-        _REGISTERED = True
-    before = getattr(model.config, "_attn_implementation", None) or "eager"
-    model.set_attn_implementation(PREFIX_ATTENTION)
-    try:
+    with attention_implementation(model, PREFIX_ATTENTION, _prefix_attention, _no_mask):
         yield PREFIX_ATTENTION
-    finally:
-        model.set_attn_implementation(before)
 
 
 class _RecordingCache:
