@@ -10,6 +10,7 @@ line saying so, and the traced states must equal those of the clean cache.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,9 @@ from tokenfield.models import load as load_module
 pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "Solve: 15 * 12 + 4 ="]
 LAYER = "model.layers.5.mlp.down_proj.weight"
+# the cache the run was given, before this module's private one (a module fixture,
+# still set for every later test of the module once a test has asked for it)
+RUN_CACHE = os.environ.get("TOKENFIELD_CACHE")
 
 
 def scale_one_layer(path):
@@ -84,6 +88,12 @@ def test_a_memo_giving_smollm2_gemmas_hash_still_loads_smollm2(tmp_path, monkeyp
 
     from tokenfield.models import sources
 
+    # the run's own cache, where the other tests have built both models already: under
+    # the private one of the tests above, Gemma was dequantised again (about 90 s)
+    if RUN_CACHE is None:
+        monkeypatch.delenv("TOKENFIELD_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("TOKENFIELD_CACHE", RUN_CACHE)
     real = sources.cache_root()
     copy = tmp_path / "cache"
     if real.is_dir():
