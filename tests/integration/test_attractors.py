@@ -363,7 +363,7 @@ def test_prefix_attention_equals_eager(kind):
             with torch.no_grad():
                 out = layer_map.onward(0, x)
             block = layer_map.n_blocks - 1
-            linear = _Linearised(layer_map.block_fn(block), layer_map.states[:, block], reps)
+            linear = _Linearised(layer_map.block_fn(block), layer_map.states[:, block])
             results[name] = (out, linear.pull(u), linear.push(u))
     assert model.config._attn_implementation != PREFIX_ATTENTION  # restored on exit
     for eager, prefix in zip(results["eager"], results["prefix"], strict=True):

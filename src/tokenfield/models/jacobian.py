@@ -123,12 +123,11 @@ class _Linearised:
     reuses the same forward pass), built on first use. Both take and return rows
     ``(m*B, *S)`` (row ``r`` is column ``r // B`` of prompt ``r % B``) for any ``m``:
     the columns are mapped with ``torch.func.vmap``, so the forward pass and its
-    saved activations are those of ``B`` rows, not ``m*B``. (``m`` is a hint, kept
-    for the callers that state it.)
+    saved activations are those of ``B`` rows, not ``m*B``.
     """
 
-    def __init__(self, f: Map, x0: torch.Tensor, m: int = 1):
-        self.batch, self.shape, self.m = x0.shape[0], tuple(x0.shape[1:]), m
+    def __init__(self, f: Map, x0: torch.Tensor):
+        self.batch, self.shape = x0.shape[0], tuple(x0.shape[1:])
         out, self._pullback = torch.func.vjp(f, x0)
         self.out0 = out.detach()
         self._pull_cols = torch.func.vmap(self._pull_one)
@@ -170,7 +169,7 @@ def tangent_maps(
     """
     batch, shape = x0.shape[0], tuple(x0.shape[1:])
     ones = [1] * len(shape)
-    linear = _Linearised(f, x0, m)
+    linear = _Linearised(f, x0)
     out0 = linear.out0
     y_in, y_out = _unit(x0).repeat(m, *ones), _unit(out0).repeat(m, *ones)
     scale = (x0.norm(dim=-1, keepdim=True) / out0.norm(dim=-1, keepdim=True)).repeat(m, *ones)
@@ -455,7 +454,7 @@ def product_spectra(
     ones = [1] * len(shape)
     n_spare = p - n_start
     first = starts[0]
-    linear = [_Linearised(blocks[j], states[:, j], p) for j in range(n_blocks)]
+    linear = [_Linearised(blocks[j], states[:, j]) for j in range(n_blocks)]
     y = _unit(states)  # (B, L + 1, *S)
     norms = states.norm(dim=-1, keepdim=True)  # (B, L + 1, *S[:-1], 1)
     y_end = y[:, -1].repeat(p, *ones)
