@@ -232,3 +232,37 @@ def test_switch_point_is_where_b_holds_to_the_end():
     out = stats.switch_point(is_b, lam)
     np.testing.assert_array_equal(out[:2], [0.5, 0.75])
     assert np.isnan(out[2]) and out[3] == 0.0
+
+
+def test_the_verdicts_false_positive_rate_on_data_without_an_effect():
+    """No effect, prompts (or pairs) the exchangeable unit that the bootstrap
+    resamples:
+
+    - per-prompt top FTLEs with mean 0 at 30 blocks: a block is called "contract" or
+      "expand" at about the interval's nominal 5 % (a rate per block, reported block
+      by block, not a maximum chosen over blocks);
+    - log switch slopes at the straight line's in both models (same pairs): "basins
+      supported" at most at 5 %, since it needs every later block above the line and
+      above the random copy.
+    """
+    rng = np.random.default_rng(0)
+    calls, runs = 0, 40
+    for run in range(runs):
+        values = rng.normal(0.0, 1.0, size=(64, 30))
+        mean, low, high = stats.bootstrap_mean(values, n_boot=300, seed=run)
+        ranges = stats.ftle_verdicts(list(range(30)), mean, low, high)
+        calls += sum(
+            r["blocks"][1] - r["blocks"][0] + 1 for r in ranges if r["verdict"] != "neutral"
+        )
+    rate = calls / (30 * runs)
+    assert 0.02 <= rate <= 0.08, rate
+    line = math.log10(stats.LINEAR_SLOPE)
+    blocks = [0, 6, 12, 17, 23, 29]
+    supported = 0
+    for run in range(runs):
+        trained = line + rng.normal(0.0, 0.3, size=(48, len(blocks)))
+        random = line + rng.normal(0.0, 0.3, size=(48, len(blocks)))
+        interval = stats.bootstrap_mean(trained, n_boot=300, seed=run)
+        difference = stats.bootstrap_mean(trained - random, n_boot=300, seed=run)
+        supported += stats.basin_verdict(blocks, interval, difference)["supported"]
+    assert supported / runs <= 0.05, supported
