@@ -22,6 +22,7 @@ import xarray as xr
 from tokenfield._io import write_json_atomic
 from tokenfield._lock import WriterLock
 from tokenfield._lock import acquire as acquire_lock
+from tokenfield._memory import limit_zarr_threads, release_free_memory
 from tokenfield._version import __version__
 from tokenfield.errors import UserError
 from tokenfield.runs.info import (
@@ -183,6 +184,7 @@ class RunWriter:
     ):
         self.path = Path(path)
         self.compressor = store_compressor(compressor)
+        limit_zarr_threads()  # one arena for Zarr's codecs, not cores + 4 (see _memory)
         self.size_hint = int(size_hint) if size_hint else None
         self._executor: ThreadPoolExecutor | None = None
         self._writing: Future[None] | None = None
@@ -458,7 +460,7 @@ class RunWriter:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenfield-writer")
             self._inflight = pending
-            self._writing = self._executor.submit(self._write, pending, whole)
+            self._writing = self._executor.submit(self._write_released, pending, whole)
 
     def _wait(self) -> None:
         """Wait for the background write, if one runs; raise its error.
@@ -548,6 +550,18 @@ class RunWriter:
                 # string coordinates)
                 encoding[name]["shards"] = (-(-coord_rows // self._align) * self._align,)
         return encoding
+
+    def _write_released(
+        self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]], whole: bool
+    ) -> list[tuple[xr.Dataset, int, dict[str, Any]]]:
+        """A background write (:meth:`_write`), then the free memory of the
+        threads' heaps handed back (:func:`tokenfield._memory.release_free_memory`):
+        without it a long streamed run's resident memory keeps what the writer's
+        and Zarr's threads freed."""
+        try:
+            return self._write(pending, whole)
+        finally:
+            release_free_memory()
 
     def _write(
         self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]], whole: bool = True
