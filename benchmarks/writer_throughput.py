@@ -18,6 +18,10 @@ ratio is the median over ``--alternations`` (which goes first alternates too, so
 a drift in the machine's load hits both alike). The load average is recorded at
 the start and the end.
 
+The writer is given the run's particle count as its ``size_hint``, as a trace
+passes it (its arrays are then pre-sized and written by region); ``--size-hint
+none`` writes without it (every flush resizes every array).
+
 Also measured once: the compression ratio of ``states`` under the store's former
 compressor (Zstandard level 0), on these synthetic states and, with ``--real
 RUN``, on a real run's states.
@@ -25,7 +29,8 @@ RUN``, on a real run's states.
 Target (issue 25): writer >= 0.8x raw on the 2-core development machine.
 
 Usage: python benchmarks/writer_throughput.py [--mib 512] [--alternations 5]
-       [--sync fs|files] [--compress] [--real RUN] [--json F]
+       [--sync fs|files] [--size-hint particles|none] [--compress] [--real RUN]
+       [--json F]
 """
 
 from __future__ import annotations
@@ -125,7 +130,9 @@ def fsync_tree(path: Path) -> None:
 
 def writer_run(out: Path, data: list[tuple[xr.Dataset, int]], args: argparse.Namespace) -> float:
     """Seconds to write ``data`` through RunWriter as ``tokenfield trace --out`` does."""
-    options = {"compressor": "zstd"} if args.compress else {}
+    options: dict[str, object] = {"compressor": "zstd"} if args.compress else {}
+    if args.size_hint == "particles":  # as a trace passes it: its particle count
+        options["size_hint"] = sum(int(piece.sizes["particle"]) for piece, _ in data)
     began = time.perf_counter()
     writer = runs.RunWriter(
         out,
@@ -204,6 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         default="fs",
         help="fs: syncfs after each write (default); files: fsync every file",
     )
+    parser.add_argument(
+        "--size-hint",
+        choices=("particles", "none"),
+        default="particles",
+        help="particles: pass the run's particle count as size_hint, as a trace does "
+        "(default); none: no hint",
+    )
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
@@ -235,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "states_mib": states_bytes / MIB,
         "compress": bool(args.compress),
         "sync": args.sync,
+        "size_hint": args.size_hint,
         "alternations": args.alternations,
         "writer_s": writer_s,
         "raw_s": raw_s,
@@ -255,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(data)} pieces, {nbytes / MIB:.0f} MiB ({args.batch} prompts x {args.tokens} "
         f"tokens x {args.layers} layers x d={args.d}), {args.alternations} alternations, "
-        f"sync {args.sync}, "
+        f"sync {args.sync}, size hint {args.size_hint}, "
         f"load {load_before[0]:.1f} -> {load_after[0]:.1f}"
     )
     for w, r, q in zip(results["writer_mib_s"], results["raw_mib_s"], ratios, strict=True):

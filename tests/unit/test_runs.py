@@ -427,10 +427,11 @@ def test_pending_pieces_share_one_copy_of_a_large_config(tmp_path):
 def test_a_size_hint_fits_the_coordinate_chunks_to_a_small_run(tmp_path):
     """A buffered run's 1-D coordinates are chunked by the size hint (at least a
     piece, at most COORD_CHUNK rows), so that a small run does not encode and read
-    back chunks padded to COORD_CHUNK rows; the data are the same."""
+    back chunks padded to COORD_CHUNK rows; the data are the same. Without a hint,
+    a shard holds COORD_CHUNK rows, or COORD_CHUNKS_PER_SHARD chunks if fewer."""
     import zarr
 
-    from tokenfield.runs import COORD_CHUNK
+    from tokenfield.runs import COORD_CHUNK, COORD_CHUNKS_PER_SHARD
 
     def run(name: str, hint: int | None) -> tuple[int, xr.Dataset]:
         writer = RunWriter(
@@ -448,6 +449,6 @@ def test_a_size_hint_fits_the_coordinate_chunks_to_a_small_run(tmp_path):
     rows = {hint: run(f"r{hint}", hint) for hint in (7, 2, None)}
     assert rows[7][0] == 7
     assert rows[2][0] == 7  # never less than one chunk (the first write's 7 rows)
-    assert rows[None][0] >= COORD_CHUNK
+    assert rows[None][0] == min(-(-COORD_CHUNK // 7), COORD_CHUNKS_PER_SHARD) * 7
     for _rows, ds in rows.values():
         xr.testing.assert_identical(ds, rows[None][1])

@@ -1,10 +1,12 @@
 """The store writer of issue 25: float states uncompressed with a CRC-32C, whole chunks
-written straight from the rows, rows held back to a chunk boundary. What it writes
-must read back bit-identical (plain xarray too) to what the former writer wrote, and
-a write killed half-way must resume to the uninterrupted result."""
+written straight from the rows, rows held back to a chunk boundary, arrays pre-sized
+from a size hint and written by region. What it writes must read back bit-identical
+(plain xarray too) to what the former writer wrote, and a write killed half-way must
+resume to the uninterrupted result."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -198,3 +200,171 @@ def test_an_unknown_store_compressor_is_one_line(tmp_path, monkeypatch):
     write_all(RunWriter(tmp_path / "z", "trace", {"a": 1}, append_dim="particle"))
     codecs = xr.open_zarr(tmp_path / "z" / "trajectory.zarr")["states"].encoding["compressors"]
     assert [type(c).__name__ for c in codecs] == ["ZstdCodec"]
+
+
+# Pre-sized stores: with a size hint (a trace passes its particle count), the arrays
+# along particle are created at the run's size and every flush writes into its region,
+# with no resize; finish() cuts them to the rows written.
+
+TOTAL = sum(SIZES)
+
+
+def stored(path: Path) -> dict[str, tuple[str, object]]:
+    """Every variable of a run's store read with plain xarray: its dtype and its
+    bytes (strings as a list)."""
+    ds = xr.open_zarr(path / "trajectory.zarr").load()
+    out = {}
+    for name, var in ds.variables.items():
+        values = np.asarray(var.values)
+        data = values.tobytes() if values.dtype.kind in "fiub" else [str(v) for v in values.flat]
+        out[name] = (str(values.dtype), var.dims, values.shape, data)
+    return out
+
+
+def lengths(path: Path) -> set[int]:
+    """The rows along particle of every array of the store that has that dimension."""
+    import zarr
+
+    group = zarr.open_group(str(path / "trajectory.zarr"), mode="r")
+    found = set()
+    for _name, array in group.arrays():
+        dims = list(array.metadata.dimension_names or ())
+        if "particle" in dims:
+            found.add(int(array.shape[dims.index("particle")]))
+    return found
+
+
+def count_resizes(monkeypatch) -> list[tuple[int, ...]]:
+    """Record every Zarr resize (each one a new zarr.json) from now on."""
+    from zarr.core.array import AsyncArray
+
+    calls: list[tuple[int, ...]] = []
+    real = AsyncArray.resize
+
+    async def resize(self, new_shape, *args, **kwargs):
+        calls.append(tuple(new_shape))
+        return await real(self, new_shape, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncArray, "resize", resize)
+    return calls
+
+
+def test_a_presized_store_written_in_several_flushes_equals_the_one_written_without_a_hint(
+    tmp_path, monkeypatch
+):
+    small_chunks(monkeypatch)
+    write_all(new_writer(tmp_path / "grown"))
+    resizes = count_resizes(monkeypatch)
+    write_all(new_writer(tmp_path / "presized", size_hint=TOTAL))
+    growing = len(resizes)  # the first write sizes each array once, for the whole run
+    assert growing and set(resizes) <= {(LAYERS, TOTAL, D), (TOTAL, D), (TOTAL,)}
+    assert stored(tmp_path / "presized") == stored(tmp_path / "grown")
+    assert lengths(tmp_path / "presized") == {TOTAL}
+    xr.testing.assert_identical(
+        open_run(tmp_path / "presized").load(), open_run(tmp_path / "grown").load()
+    )
+    resizes.clear()
+    write_all(new_writer(tmp_path / "again"))  # without the hint: a resize per array and flush
+    assert len(resizes) > 3 * growing
+
+
+@pytest.mark.parametrize("hint", [1, 9, TOTAL - 1, TOTAL + 1, 5 * TOTAL])
+def test_a_wrong_size_hint_ends_at_the_rows_written(tmp_path, monkeypatch, hint):
+    """A hint above the real size (rows left as fill values) or below it (a trace with
+    --generate: the arrays grow) ends at exactly the rows written."""
+    small_chunks(monkeypatch)
+    write_all(new_writer(tmp_path / "grown"))
+    resizes = count_resizes(monkeypatch)
+    write_all(new_writer(tmp_path / "hinted", size_hint=hint))
+    assert lengths(tmp_path / "hinted") == {TOTAL}
+    assert stored(tmp_path / "hinted") == stored(tmp_path / "grown")
+    info = read_run_info(tmp_path / "hinted")
+    assert info.complete and info.progress["size"] == TOTAL
+    xr.testing.assert_identical(
+        open_run(tmp_path / "hinted").load(), open_run(tmp_path / "grown").load()
+    )
+    # the coordinates' lengths, in the order they were set: the hint (or the first
+    # write's rows, if more), grown by half again at least when the rows do not fit,
+    # then cut to the rows written
+    sizes = list(dict.fromkeys(shape[0] for shape in resizes if len(shape) == 1))
+    assert sizes[0] >= hint and sizes[-1] == TOTAL
+    grown = [(a, b) for a, b in pairwise(sizes) if b > a]
+    assert all(b >= a + a // 2 for a, b in grown[:-1]), sizes
+    if hint >= TOTAL:
+        assert not grown and sizes[0] == hint
+
+
+def test_an_unbuffered_writer_with_a_hint_writes_the_same_run(tmp_path):
+    for name, hint in (("plain", None), ("hinted", TOTAL + 3)):
+        write_all(
+            RunWriter(tmp_path / name, "trace", {"a": 1}, append_dim="particle", size_hint=hint)
+        )
+    assert lengths(tmp_path / "hinted") == {TOTAL}
+    assert stored(tmp_path / "hinted") == stored(tmp_path / "plain")
+
+
+def test_a_partial_presized_run_reads_back_its_recorded_rows_only(tmp_path, monkeypatch):
+    small_chunks(monkeypatch)
+    run = tmp_path / "r"
+    writer = new_writer(run, size_hint=5 * TOTAL)
+    for done, (start, n) in enumerate(zip(STARTS[:3], SIZES[:3], strict=True), start=1):
+        writer.append(trace_piece(int(start), n), done=done)
+    writer.close()  # interrupted: partial, its arrays still at the hinted size
+    info = read_run_info(run)
+    assert info.status == "partial" and info.progress["done"] == 3
+    assert lengths(run) == {5 * TOTAL}
+    ds = open_run(run, allow_partial=True)
+    size = info.progress["size"]
+    assert size == sum(SIZES[:3]) and ds.sizes["particle"] == size
+    assert list(ds.particle.values) == list(range(size))
+    assert not np.isnan(ds.final_norm_states.values).any()
+    first = zip(STARTS[:3], SIZES[:3], strict=True)
+    whole = xr.concat([trace_piece(int(s), n) for s, n in first], "particle")
+    np.testing.assert_array_equal(bits(ds.states.values), bits(whole.states.values))
+
+
+@pytest.mark.parametrize("resume_hint", [TOTAL, None])
+def test_a_presized_run_killed_half_way_resumes_to_the_uninterrupted_run(
+    tmp_path, monkeypatch, resume_hint
+):
+    """As test_a_write_killed_half_way_resumes_to_the_uninterrupted_run, pre-sized: the
+    resume cuts the store to its recorded progress, then pre-sizes it again (with a
+    hint; without one it grows with every write, as before)."""
+    small_chunks(monkeypatch)
+    write_all(new_writer(tmp_path / "clean"))
+
+    run = tmp_path / "killed"
+    real = runs.store._write_whole_chunks
+    calls = {"n": 0}
+
+    def torn(store, array, axis, values, at):
+        written = real(store, array, axis, values, at)
+        calls["n"] += bool(written)
+        if calls["n"] == 6 and written:  # one chunk file left torn, then the process dies
+            chunk = max(p for p in Path(store, array.path, "c").rglob("*") if p.is_file())
+            chunk.write_bytes(chunk.read_bytes()[:7])
+            raise KeyboardInterrupt
+        return written
+
+    monkeypatch.setattr(runs.store, "_write_whole_chunks", torn)
+    writer = new_writer(run, size_hint=TOTAL)
+    with pytest.raises(KeyboardInterrupt):
+        for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
+            writer.append(trace_piece(int(start), n), done=done)
+        writer._wait()
+    monkeypatch.setattr(runs.store, "_write_whole_chunks", real)
+    writer._pending = []  # the process died: nothing more is written
+    writer._writing = None
+    writer.close()
+    info = read_run_info(run)
+    assert info.status == "partial" and 0 < info.progress["done"] < len(SIZES)
+    assert lengths(run) == {TOTAL}  # pre-sized: rows past the progress are not the run's
+    assert open_run(run, allow_partial=True).sizes["particle"] == info.progress["size"]
+
+    resumed = new_writer(run, size_hint=resume_hint)
+    assert resumed.done == info.progress["done"]
+    assert lengths(run) == {TOTAL if resume_hint else info.progress["size"]}
+    write_all(resumed, pieces=range(resumed.done + 1, len(SIZES) + 1))
+    assert lengths(run) == {TOTAL}
+    assert stored(run) == stored(tmp_path / "clean")
+    xr.testing.assert_identical(open_run(run).load(), open_run(tmp_path / "clean").load())

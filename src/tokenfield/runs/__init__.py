@@ -78,6 +78,7 @@ from tokenfield.runs.store import checksummed, concat_pieces, store_encoding
 from tokenfield.runs.writer import (
     CHUNK_BYTES,
     COORD_CHUNK,
+    COORD_CHUNKS_PER_SHARD,
     RunWriter,
     check_results_writable,
     check_writable_dir,
@@ -93,6 +94,7 @@ __all__ = [
     "CHUNK_BYTES",
     "CONFIG_ATTR",
     "COORD_CHUNK",
+    "COORD_CHUNKS_PER_SHARD",
     "DERIVED",
     "FIGURES",
     "FIGURE_ANIMATIONS",

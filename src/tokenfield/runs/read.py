@@ -21,8 +21,12 @@ def open_run(path: str | Path, *, allow_partial: bool = False) -> xr.Dataset:
     """Open a run's trajectory as a lazily loaded :class:`xarray.Dataset`.
 
     The run's ``run.json`` contents are in ``ds.attrs["run"]``. A partial run is
-    refused unless ``allow_partial`` (its rows past the recorded progress, if
-    any, are not trustworthy).
+    refused unless ``allow_partial``; it is then read up to its recorded progress
+    (``progress.size`` rows in ``run.json``): rows past it are not trustworthy
+    (written by a flush whose record was interrupted, or not written at all: a
+    store pre-sized to the run's expected size holds fill values there). A
+    partial parallel trace (``--workers``) allocates every row up front and is
+    read whole: its shards not yet traced hold fill values.
 
     Args:
         path: the run directory (written by :func:`tokenfield.trace` or
@@ -76,6 +80,7 @@ def _open_run(path: str | Path, *, allow_partial: bool, written: bool) -> xr.Dat
                 ds = xr.open_zarr(store, consolidated=True, **reading)
         if ds is None:
             ds = xr.open_zarr(store, consolidated=False, **reading)
+        ds = _recorded_rows(info, ds)
         # Coordinates (labels, prompts, tokens) are small: load them so that they are
         # plain numpy arrays; the states stay lazy. Each is set in place (no
         # re-alignment per coordinate), one after the other (a large run's decoded
@@ -89,6 +94,20 @@ def _open_run(path: str | Path, *, allow_partial: bool, written: bool) -> xr.Dat
     check_against_store(info, ds)
     ds.attrs["run"] = info.to_dict()
     return ds
+
+
+def _recorded_rows(info: RunInfo, ds: xr.Dataset) -> xr.Dataset:
+    """A partial run's rows up to its recorded progress (lazily: nothing is read).
+    A complete run, a parallel trace (every row allocated by its plan) or a store
+    holding fewer rows than recorded (refused by ``check_against_store``) is
+    returned as it is."""
+    size = info.progress.get("size")
+    dim = "particle" if info.kind == "trace" else "time"
+    if info.complete or "shards" in info.progress or not isinstance(size, int):
+        return ds
+    if dim not in ds.sizes or int(ds.sizes[dim]) <= size:
+        return ds
+    return ds.isel({dim: slice(0, size)})
 
 
 def damaged_error(

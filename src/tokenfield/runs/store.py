@@ -1,8 +1,9 @@
 """A run's Zarr store as files: the codecs tokenfield writes with (checksummed
 chunks; float states uncompressed with a CRC-32C by default), the encoding of a new
-store, and the writes of a flush (:func:`_write_at`): every array's resize and Zarr's
-writes in one trip through its event loop, and whole chunk files written straight from
-the rows (:func:`_write_whole_chunks`, byte for byte the files Zarr writes).
+store, and the writes of a flush (:func:`_write_at`): the arrays' resizes (none in a
+pre-sized store while its rows fit) and Zarr's writes in one trip through its event
+loop, and whole chunk files written straight from the rows
+(:func:`_write_whole_chunks`, byte for byte the files Zarr writes).
 
 :class:`~tokenfield.runs.writer.RunWriter` decides what to write and when (buffering,
 resume, the lock, the progress); this module only writes it.
@@ -133,15 +134,21 @@ def _write_at(
     at: int,
     rows: Mapping[str, tuple[tuple[str, ...], list[np.ndarray]]] | None = None,
     cache: dict[str, Any] | None = None,
+    grow_to: int | None = None,
 ) -> bool:
     """Write ``merged``'s rows at ``at .. at + n`` of the existing arrays along
-    ``dim`` (each resized to ``at + n``) with plain Zarr writes: no re-reading of
-    the store's data, a cost independent of its size. ``rows``: more variables,
-    each as its dims and consecutive blocks of its rows (:func:`_rows`), not
-    joined. ``cache``: the store's arrays as opened by an earlier call (filled when
-    empty), so that a flush does not read every array's metadata again; only its
-    writer changes the store meanwhile (it holds the lock). False (nothing written)
-    when the store's arrays do not match the variables one to one."""
+    ``dim`` with plain Zarr writes: no re-reading of the store's data, a cost
+    independent of its size. Each array is resized to ``at + n`` rows (a new
+    ``zarr.json``), or, with ``grow_to`` (a pre-sized store, see
+    :class:`~tokenfield.runs.writer.RunWriter`'s ``size_hint``), never shrunk and
+    grown only where it holds fewer than ``max(at + n, grow_to)`` rows: the rows
+    are written into their region, with no metadata written at all while they
+    fit. ``rows``: more variables, each as its dims and consecutive blocks of its
+    rows (:func:`_rows`), not joined. ``cache``: the store's arrays as opened by an
+    earlier call (filled when empty), so that a flush does not read every array's
+    metadata again; only its writer changes the store meanwhile (it holds the
+    lock). False (nothing written) when the store's arrays do not match the
+    variables one to one."""
     rows = dict(rows or {})
     import zarr
 
@@ -193,8 +200,12 @@ def _write_at(
     for array, axis, values in plan:
         n = _count(values, axis)
         shape = list(array.shape)
-        shape[axis] = at + n
-        resizes.append((array, "resize", (tuple(shape),)))
+        if grow_to is None:
+            shape[axis] = at + n
+        else:
+            shape[axis] = max(shape[axis], at + n, grow_to)
+        if tuple(shape) != tuple(array.shape):
+            resizes.append((array, "resize", (tuple(shape),)))
         done = _whole_rows(array, axis, n, at)
         if done:
             straight.append((array, axis, values))

@@ -98,6 +98,12 @@ def check_writable_dir(path: Path) -> None:
 COORD_CHUNK = 1 << 16
 # bytes per chunk of a buffered run's larger variables (e.g. a trace's states)
 CHUNK_BYTES = 32 << 20
+# the most chunks in one shard of a buffered run's 1-D coordinates: Zarr reads a
+# shard back and writes it again whole at every flush, at a cost that grows with its
+# chunks (measured per write of one coordinate: about 2.5 ms at 64 chunks a shard,
+# 5 ms on average and 8 ms at the end at the 1,058 chunks of 62 rows that COORD_CHUNK
+# rows make for a 7B model's states); 64 makes one file per 2 GiB of states
+COORD_CHUNKS_PER_SHARD = 64
 
 
 # How float arrays are stored: "none" (the default: raw little-endian bytes and a
@@ -131,9 +137,19 @@ class RunWriter:
             indexes take far more memory than its ``nbytes`` when it is small:
             measured about 0.7 MiB of resident memory per 150 kB piece).
         size_hint: how many rows the run will hold, when the caller knows
-            (a trace: its particles): a buffered run's 1-D coordinates are
-            chunked by at most this many rows, so that a small run does not
-            encode, write and read back chunks padded to :data:`COORD_CHUNK` rows.
+            (a trace: its particles). The store's arrays along ``append_dim``
+            are then created at this size (pre-sized) and every write goes into
+            its region: no array is resized (no ``zarr.json`` rewritten) while
+            the rows fit. Rows beyond it grow the arrays (by at least half
+            again, so that an undercount, e.g. a trace with ``generate``, costs
+            a few resizes, not one per write); :meth:`finish` cuts the arrays
+            to the rows written, so a complete run never holds rows it did not
+            write, whatever the hint. A resumed run is cut to its recorded
+            progress, then pre-sized again. Also, a buffered run's 1-D
+            coordinates are chunked by at most this many rows, so that a small
+            run does not encode, write and read back chunks padded to
+            :data:`COORD_CHUNK` rows. Without it, every write resizes the
+            arrays to the rows written so far.
         background: with ``flush_seconds``, write the pieces in a background
             thread while the caller computes the next ones (one write at a
             time; at most ``flush_bytes`` more wait in memory meanwhile). An
@@ -203,6 +219,10 @@ class RunWriter:
         self._align: int | None = None
         self._written: int | None = None
         self._arrays: dict[str, Any] = {}  # the store's open arrays (see _write_at)
+        # the rows the store's arrays along append_dim hold as this writer sized
+        # them (pre-sized from size_hint, see _capacity_for); None: not pre-sized,
+        # every write resizes them to the rows written so far
+        self._capacity: int | None = None
         self.config = canonical_config(config)
         # every piece carries these attrs: one string, made once (a trace's config
         # lists its prompts, so a string per piece grew with the prompts twice over)
@@ -313,6 +333,7 @@ class RunWriter:
                 self._check_resume()
                 self._trim_to_progress()
                 self._align = self._store_align()
+                self._presize_resumed()
 
     def close(self) -> None:
         """Write pending pieces, release the writer lock (finish() does it too);
@@ -429,6 +450,34 @@ class RunWriter:
             self.info.progress = {"done": 0, "size": 0}
             return
         self._trim_store(size)
+
+    def _presize_resumed(self) -> None:
+        """After the trim to the recorded progress, grow a resumed store's arrays
+        to the size hint again (one resize each, as when it was created), so
+        that the resumed writes go into their regions as before the kill.
+        Nothing without a hint, with a hint not above the recorded size, or for
+        a parallel trace's store (allocated whole by its plan)."""
+        if not self.size_hint or "shards" in self.info.progress or not self.store.exists():
+            return
+        size = int(self.info.progress.get("size", 0))
+        if size <= 0:
+            return
+        capacity = max(size, self.size_hint)
+        with _write_errors(self.store), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._resize_store(capacity, grow=True)
+        self._capacity = capacity
+
+    def _capacity_for(self, stop: int) -> int | None:
+        """The rows the arrays of a pre-sized store should hold for a write up to
+        ``stop``: the current capacity while the rows fit, else at least half as
+        much again (a hint that undercounts costs a few resizes); None when the
+        store is not pre-sized."""
+        if self._capacity is None:
+            return None
+        if stop > self._capacity:
+            self._capacity = max(stop, self._capacity + self._capacity // 2)
+        return self._capacity
 
     def append(self, piece: xr.Dataset, done: int, **progress: Any) -> None:
         """Append ``piece`` along the growing dimension, then record ``done`` units.
@@ -547,8 +596,9 @@ class RunWriter:
                 # COORD_CHUNK rows (few files): a write of whole chunks encodes
                 # only its own rows (a long plain chunk was read, decoded and
                 # encoded again at every flush: most of the writer's time on
-                # string coordinates)
-                encoding[name]["shards"] = (-(-coord_rows // self._align) * self._align,)
+                # string coordinates), and of at most COORD_CHUNKS_PER_SHARD chunks
+                chunks = min(-(-coord_rows // self._align), COORD_CHUNKS_PER_SHARD)
+                encoding[name]["shards"] = (chunks * self._align,)
         return encoding
 
     def _write_released(
@@ -575,7 +625,10 @@ class RunWriter:
         the rows after it stay in memory with their pieces, which are written
         (from that boundary) by the next flush. Rows written beyond the
         recorded size are rows of pieces not yet recorded: a kill leaves them to
-        the resume's trim."""
+        the resume's trim. A pre-sized store (``size_hint``) is written into its
+        region, its arrays grown only when the rows do not fit
+        (:meth:`_capacity_for`); its rows past the recorded size hold fill values
+        until written, and are cut by the resume's trim or by :meth:`finish`."""
         if not pending:
             return []
         dim = self.append_dim
@@ -611,7 +664,8 @@ class RunWriter:
                 if not whole and self._align:  # at least one chunk: align <= these rows
                     stop = total // self._align * self._align
                 # the arrays are created empty, then filled as every later write is
-                # (whole chunk files written straight from the rows, see _write_at)
+                # (whole chunk files written straight from the rows, see _write_at);
+                # with a size hint, that first write also sizes them for the whole run
                 _empty(merged, dim).to_zarr(
                     self.store,
                     mode="w",
@@ -621,13 +675,20 @@ class RunWriter:
                 )
                 first_rows = merged.isel({dim: slice(0, stop - at)})
                 self._arrays = {}
-                if not _write_at(self.store, first_rows, dim, 0, cache=self._arrays):
+                self._capacity = max(self.size_hint, stop) if self.size_hint else None
+                if not _write_at(
+                    self.store, first_rows, dim, 0, cache=self._arrays, grow_to=self._capacity
+                ):
                     raise RuntimeError(f"'{self.store}' does not match the rows it was made for")
             else:
                 part = merged.isel({dim: slice(start - at, stop - at)})
                 rows = {name: _rows(pieces, name, dim, start - at, stop - at) for name in straight}
-                if not _write_at(self.store, part, dim, start, rows, cache=self._arrays):
+                grow_to = self._capacity_for(stop)
+                if not _write_at(
+                    self.store, part, dim, start, rows, cache=self._arrays, grow_to=grow_to
+                ):
                     self._trim_store(at)  # layouts differ: let xarray append (and complain)
+                    self._capacity = None  # the store grows with every write from now on
                     stop = total
                     merged = concat_pieces(pieces, dim)
                     merged.to_zarr(
@@ -681,6 +742,12 @@ class RunWriter:
 
     def _trim_store(self, size: int) -> None:
         """Cut every array growing along the append dimension back to ``size``."""
+        self._resize_store(size)
+
+    def _resize_store(self, size: int, grow: bool = False) -> None:
+        """Set every array growing along the append dimension to ``size`` rows
+        (with ``grow``, only those holding fewer). A shrink deletes the chunk
+        files past the new end."""
         import zarr
 
         self._arrays = {}
@@ -691,7 +758,7 @@ class RunWriter:
             dims = list(array.metadata.dimension_names or [])
             if self.append_dim in dims:
                 axis = dims.index(self.append_dim)
-                if array.shape[axis] != size:
+                if array.shape[axis] != size and (not grow or array.shape[axis] < size):
                     shape = list(array.shape)
                     shape[axis] = size
                     array.resize(tuple(shape))
@@ -721,9 +788,15 @@ class RunWriter:
             zarr.consolidate_metadata(str(self.store))
 
     def finish(self, **progress: Any) -> None:
-        """Write pending pieces, mark the run complete (and consolidate the store's
+        """Write pending pieces, cut a pre-sized store to the rows written (see
+        ``size_hint``), mark the run complete (and consolidate the store's
         metadata)."""
         self.flush()
+        if self._capacity is not None and self.store.exists():
+            with _write_errors(self.store), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._trim_store(int(self.info.progress.get("size", 0)))
+            self._capacity = None
         if self.store.exists():
             self._consolidate()
         self.info.status = "complete"
