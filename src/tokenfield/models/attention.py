@@ -188,7 +188,9 @@ def reduce_attention_batch(
 ) -> dict[str, torch.Tensor]:
     """:func:`~tokenfield.models.markov.summarize_attention` of every prompt of a
     padded batch at once, on the weights' device: float64, batched over prompts
-    and heads (``torch.linalg.eigvalsh`` on a batch), no Python loop over either.
+    and heads (``|lambda_2|`` by :func:`_chain_spectrum`: batched dense
+    ``eigvalsh``, or batched Lanczos from :data:`LANCZOS_FROM` tokens), no Python
+    loop over either.
 
     Args:
         weights: ``(batch, heads, seq, seq)`` one block's attention of a padded batch.
@@ -264,8 +266,17 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     """``|lambda_2|`` and ``pi`` of the symmetrised chains of ``a`` ``(..., m, m)``
     (zero outside ``valid`` ``(..., m)``), as :func:`symmetrized_spectrum`.
 
-    Zero rows and columns (padding) add zero eigenvalues to ``D^-1/2 W D^-1/2``,
-    which leave ``max(|lambda_min|, |lambda_(n-1)|)`` unchanged.
+    ``S = D^-1/2 W D^-1/2`` has top eigenvalue 1 with eigenvector ``sqrt(pi)``, and
+    ``|lambda_2| = max(|lambda_min|, |lambda_(n-1)|)``: the largest ``|eigenvalue|``
+    of the deflated ``S - sqrt(pi) sqrt(pi)^T``. Below :data:`LANCZOS_FROM` tokens
+    every matrix is solved densely (batched ``torch.linalg.eigvalsh``); from it on by
+    the batched Lanczos of :func:`_lanczos_lambda2` on the deflated matrix, which
+    agrees with the dense solve to about ``1e-13`` (dense ``eigvalsh`` for the few
+    matrices it does not certify within :data:`LANCZOS_STEPS` steps), at half to a
+    third of its cost from 256 tokens on.
+
+    Zero rows and columns (padding) add zero eigenvalues to ``S``, which leave
+    ``max(|lambda_min|, |lambda_(n-1)|)`` unchanged.
     """
     w = a + a.transpose(-1, -2)
     degree = w.sum(-1)
@@ -274,11 +285,221 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     pi = real / real.sum(-1, keepdim=True)
     root = degree.rsqrt()
     s = w * root[..., :, None] * root[..., None, :]
-    if s.shape[-1] < 2:
+    m = s.shape[-1]
+    if m < 2:
         return torch.full(s.shape[:-2], float("nan"), dtype=s.dtype, device=s.device), pi
-    values = torch.linalg.eigvalsh(s)  # ascending; the last is 1
-    lam = torch.maximum(values[..., 0].abs(), values[..., -2].abs()).clamp(max=1.0)
-    return lam, pi
+    if m >= LANCZOS_FROM:
+        top = torch.nan_to_num(pi.sqrt())  # NaN where no token is valid: nothing to deflate
+        shape = s.shape[:-2]
+        lam = _lanczos_lambda2(
+            s.reshape(-1, m, m),
+            top.reshape(-1, m),
+            valid.to(s.dtype).expand(*shape, m).reshape(-1, m),
+        ).reshape(shape)
+    else:
+        values = torch.linalg.eigvalsh(s)  # ascending; the last is 1
+        lam = torch.maximum(values[..., 0].abs(), values[..., -2].abs())
+    return lam.clamp(max=1.0), pi
+
+
+# |lambda_2| by Lanczos (_chain_spectrum) from this many tokens (the padded width m) on,
+# dense eigvalsh below. CPU time per matrix on SmolLM2's chains (1 thread; dense /
+# Lanczos, all of them in one call | 18 a call, two prompts' heads as in a trace):
+# m = 128: 0.65 / 0.65 | 0.65 / 0.79 ms; 160: 0.96 / 0.77 (18 a call; 9 a call: even);
+# 192: 1.6 / 1.0 | 1.4 / 1.1; 256: 3.5 / 1.5 | 3.2 / 1.7; 384: 9.9 / 3.4 | 9.4 / 3.3.
+LANCZOS_FROM = 160
+# Stop a matrix once the residual bounds ``beta_k |y_k|`` of both extreme Ritz pairs are
+# below this. A Ritz value's error is about residual^2 / gap. Against dense eigvalsh on
+# SmolLM2's chains (1080 each at 160, 192 and 256 tokens, 540 at 384): 1e-6 left at
+# most 1.2e-11, 1e-7 at most 8e-14, for 3 more steps (median 34 at 256 tokens, 31 at
+# 1e-6; 1e-5 left 1.8e-9): 1e-7, far inside 1e-9 even where the gap is 100x smaller.
+LANCZOS_TOL = 1e-7
+# Steps at most (and at most m - 1); the matrices not certified by then are solved
+# densely: 0.4 % of those chains at 160 tokens, 1.8 % at 256, 3.1 % at 384.
+LANCZOS_STEPS = 100
+_FIRST_CHECK = 20  # the first Ritz check (5 % of the chains at 256 tokens are done by then)
+_CHECK_GRID = 4  # later checks on multiples of this step
+_SLOWEST = 0.15  # decades per step the residual is assumed to fall at least
+_BREAKDOWN = 1e-12  # beta below this: the Krylov space is invariant (exhausted)
+# float64 elements of S per lockstep group: 10 MB, which the matrix-vector products
+# reread from the CPU's cache; on a GPU one group takes everything.
+_GROUP_ELEMENTS = {"cpu": 5 << 18, "cuda": 1 << 27}
+
+
+def _start_vector(m: int, device: torch.device) -> torch.Tensor:
+    """The Lanczos start vector of length ``m``: fixed pseudo-random numbers (its own
+    generator, seeded 0, blocks of 4096), the same prefix for every ``m``, whatever the
+    global random state."""
+    block = 4096
+    parts = [
+        torch.randn(block, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+        for k in range(-(-m // block))
+    ]
+    return torch.cat(parts)[:m].to(device)
+
+
+def _lanczos_lambda2(
+    s: torch.Tensor,
+    top: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    tol: float | None = None,
+    steps: int | None = None,
+) -> torch.Tensor:
+    """The largest ``|eigenvalue|`` of ``s - top top^T`` for each of ``s`` ``(count, m, m)``
+    (symmetric float64, ``top`` ``(count, m)`` a unit eigenvector of it), by Lanczos.
+
+    Groups of matrices (:data:`_GROUP_ELEMENTS`) run in lockstep, one batched
+    matrix-vector product a step, ``S`` read in place (no copies). Each new vector
+    is orthogonalised twice (Gram-Schmidt): against the two before it (the
+    three-term recurrence, which gives ``alpha_k``), then against ``top`` and every
+    vector so far (full reorthogonalisation). The Krylov space so stays orthogonal
+    to ``top``: the deflation costs nothing more. The start vector
+    (:func:`_start_vector`, zero outside ``valid``) does not depend on the global
+    random state: the numbers are the same from run to run.
+
+    A matrix is checked now and then (first at step :data:`_FIRST_CHECK`, then when
+    its residual should reach ``tol`` at the rate it fell, on multiples of
+    :data:`_CHECK_GRID`): the two extreme eigenpairs ``(theta, y)`` of its
+    tridiagonal ``T_k`` (:func:`_ritz_extremes`) give the residual bounds
+    ``beta_k |y_k|``; both below ``tol`` (default :data:`LANCZOS_TOL`), it is done
+    with ``max(|theta_min|, |theta_max|)``. A breakdown (``beta`` below
+    :data:`_BREAKDOWN`: the Krylov space is invariant, its Ritz values eigenvalues)
+    is done too. A finished matrix's slot takes the last running one (a copy), and
+    the group shrinks. What is not done after ``steps`` steps (default
+    :data:`LANCZOS_STEPS`) is solved by dense ``eigvalsh``, those matrices alone.
+    ``s`` is overwritten (its matrices move within it).
+    """
+    tol = LANCZOS_TOL if tol is None else tol
+    steps = LANCZOS_STEPS if steps is None else steps
+    count, m = s.shape[0], s.shape[-1]
+    out = torch.empty(count, dtype=s.dtype, device=s.device)
+    steps = max(1, min(steps, m - 1))
+    size = max(1, _GROUP_ELEMENTS.get(s.device.type, _GROUP_ELEMENTS["cpu"]) // (m * m))
+    size = -(-count // -(-count // size)) if count else 1  # groups of even size
+    start = _start_vector(m, s.device).to(s.dtype)
+    for begin in range(0, count, size):
+        part = slice(begin, begin + size)
+        out[part] = _lanczos_group(s[part], top[part], valid[part] * start, tol, steps)
+    return out
+
+
+def _lanczos_group(
+    s: torch.Tensor, top: torch.Tensor, start: torch.Tensor, tol: float, steps: int
+) -> torch.Tensor:
+    """:func:`_lanczos_lambda2` of one lockstep group (``s`` overwritten)."""
+    g, m = s.shape[0], s.shape[-1]
+    on = s.device
+    q = start - top * (top * start).sum(-1, keepdim=True)
+    q = q - top * (top * q).sum(-1, keepdim=True)
+    norm = q.norm(dim=-1, keepdim=True)
+    # nothing valid but top (rounding noise left): a zero vector, a breakdown at step 1
+    norm = torch.where(norm > 1e-8 * start.norm(dim=-1, keepdim=True), norm, torch.inf)
+    basis = torch.zeros((g, steps + 2, m), dtype=s.dtype, device=on)
+    basis[:, 0] = top
+    basis[:, 1] = q / norm
+    # per step, (live, 1, 2) projections of S q_k on q_(k-1), q_k (alpha_k the second)
+    # and (live, 1, 1) norms beta_k; concatenated only at checks
+    projections: list[torch.Tensor] = []
+    norms: list[torch.Tensor] = []
+    result = torch.zeros(g, dtype=torch.float64)
+    lane = np.arange(g)  # the group's matrix in each slot
+    due = np.full(g, min(_FIRST_CHECK, steps))  # each slot's next check (step)
+    next_check = int(due[0])
+    before = np.full((g, 2), np.nan)  # each slot's last check: step, log10 residual
+    for k in range(1, steps + 1):
+        w = torch.bmm(basis[:, k : k + 1], s)  # (live, 1, m): q_k^T S = (S q_k)^T
+        # Gram-Schmidt twice: against q_(k-1) and q_k (the recurrence), then against
+        # top and every q so far
+        pair = basis[:, k - 1 : k + 1]  # top and q_1 at k = 1
+        c = torch.bmm(w, pair.mT)
+        w = torch.baddbmm(w, c, pair, alpha=-1)
+        so_far = basis[:, : k + 1]
+        w = torch.baddbmm(w, torch.bmm(w, so_far.mT), so_far, alpha=-1)
+        b = torch.linalg.vector_norm(w, dim=-1, keepdim=True)
+        torch.div(w, b, out=basis[:, k + 1 : k + 2])
+        projections.append(c)
+        norms.append(b)
+        if k < next_check:
+            continue
+        projections, norms = [torch.cat(projections, 1)], [torch.cat(norms, 1)]
+        alpha, beta = projections[0][..., 1], norms[0][..., 0]  # (live, k)
+        check = np.flatnonzero(due <= k)
+        at = torch.as_tensor(check, device=on)
+        value, residual = _ritz_extremes(alpha[at], beta[at])
+        done = residual < tol
+        result[lane[check[done]]] = value[torch.from_numpy(done)]
+        late = check[~done]
+        if k == steps:  # not certified: dense eigvalsh on those alone
+            if late.size:
+                values = torch.linalg.eigvalsh(s[torch.as_tensor(late, device=on)]).cpu()
+                result[lane[late]] = torch.maximum(values[:, 0].abs(), values[:, -2].abs())
+            break
+        # the next check of the others: when their residual reaches tol at the rate it
+        # fell since their last check (_SLOWEST at least), 2 to 16 steps on
+        now = np.log10(np.maximum(residual[~done], 1e-300))
+        rate = (before[late, 1] - now) / (k - before[late, 0])
+        rate = np.where(np.isfinite(rate), np.maximum(rate, _SLOWEST), _SLOWEST)
+        wait = np.clip(np.ceil((now - np.log10(tol)) / rate), 2, 16).astype(int)
+        due[late] = np.minimum(k + wait, steps)
+        before[late, 0], before[late, 1] = k, now
+        if done.any():  # refill the finished slots with the last running ones, then shrink
+            finished = np.zeros(len(lane), dtype=bool)
+            finished[check[done]] = True
+            live = int((~finished).sum())
+            if live == 0:
+                break
+            holes = np.flatnonzero(finished[:live])
+            movers = live + np.flatnonzero(~finished[live:])
+            for hole, mover in zip(holes.tolist(), movers.tolist(), strict=True):
+                for array in (s, basis[:, : k + 2], projections[0], norms[0]):
+                    array[hole].copy_(array[mover])
+            for array in (lane, due, before):
+                array[holes] = array[movers]
+            s, basis = s[:live], basis[:live]
+            projections, norms = [projections[0][:live]], [norms[0][:live]]
+            lane, due, before = lane[:live], due[:live], before[:live]
+        # checks on a grid of _CHECK_GRID steps: fewer, fuller rounds of small solves
+        next_check = min(-(-int(due.min()) // _CHECK_GRID) * _CHECK_GRID, steps)
+    return result.to(on)
+
+
+def _ritz_extremes(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """The largest ``|Ritz value|`` of each Lanczos tridiagonal ``T_k`` (diagonal
+    ``alpha`` ``(n, k)``, off-diagonal ``beta[:, :-1]``, last coupling ``beta[:, -1]``)
+    and the larger residual bound ``beta_k |y_k|`` of its two extreme Ritz pairs.
+
+    On the CPU, one matrix at a time: LAPACK's ``dstemr`` (MRRR) for just the two
+    extreme eigenpairs of the tridiagonal, several times cheaper than a dense
+    ``eigh`` of ``T_k``. At the first ``beta`` below :data:`_BREAKDOWN` (or not
+    finite) the Krylov space is invariant: ``T`` ends there, its Ritz values are
+    eigenvalues, the residual bound is 0.
+    """
+    from scipy.linalg import lapack
+
+    alphas, betas = alpha.cpu().numpy(), beta.cpu().numpy()
+    k = alphas.shape[1]
+    good = np.isfinite(betas) & (betas > _BREAKDOWN)
+    sizes = np.where(good.all(-1), k, good.argmin(-1) + 1)  # T up to the first breakdown
+    couplings = np.where(good.all(-1), betas[:, -1], 0.0)
+    diagonals = np.nan_to_num(alphas, nan=0.0, posinf=0.0, neginf=0.0)
+    offdiagonals = np.nan_to_num(betas, nan=0.0, posinf=0.0, neginf=0.0)
+    value = np.abs(diagonals[:, 0])  # T of size 1
+    residual = couplings.copy()
+    for i in np.flatnonzero(sizes > 1).tolist():
+        size = int(sizes[i])
+        d = diagonals[i, :size]
+        e = offdiagonals[i, :size].copy()
+        e[-1] = 0.0  # dstemr's off-diagonal has room for one more (and is overwritten)
+        low, high = (lapack.dstemr(d, e.copy(), 2, 0.0, 0.0, j, j) for j in (1, size))
+        if low[3] == 0 and high[3] == 0:
+            theta, last = (low[1][0], high[1][0]), (low[2][size - 1, 0], high[2][size - 1, 0])
+        else:  # MRRR failed (rare): a dense solve of the small tridiagonal
+            w, z = np.linalg.eigh(np.diag(d) + np.diag(e[:-1], 1) + np.diag(e[:-1], -1))
+            theta, last = (w[0], w[-1]), (z[-1, 0], z[-1, -1])
+        value[i] = max(abs(theta[0]), abs(theta[1]))
+        residual[i] = couplings[i] * max(abs(last[0]), abs(last[1]))
+    return torch.from_numpy(value), residual
 
 
 def blank_reduction(batch: int, heads: int, width: int, device: Any) -> dict[str, torch.Tensor]:

@@ -24,7 +24,9 @@ the forward pass and reads the queries and keys instead:
   model's dtype. The statistics are those of the eager path's own reduction,
   on the same inputs: prompts of at most
   :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens several at once
-  (:func:`tokenfield.models.attention._reduce_padded`, batched ``eigvalsh``),
+  (:func:`tokenfield.models.attention._reduce_padded`: ``|lambda_2|`` by batched
+  ``eigvalsh``, or from :data:`~tokenfield.models.attention.LANCZOS_FROM` tokens by
+  batched Lanczos that agrees with it to about ``1e-13``),
   longer ones one at a time (:func:`~tokenfield.models.markov.summarize_attention`,
   Lanczos): row entropy, sink mass, ``|lambda_2|`` of the symmetrised chain with
   and without the sink, raw ``|lambda_2|``, the two stationary distributions.
@@ -280,7 +282,7 @@ def reduce_queries_keys(
         return prompt_weights(query[row, :, part], key[row, :, part], visible, scale, softcap)
 
     # Short prompts, as the eager path reduces them: several at once, each in the
-    # top-left corner of a (rows, heads, m, m) float64 array, batched eigvalsh.
+    # top-left corner of a (rows, heads, m, m) float64 array, |lambda_2| batched.
     short = [row for row, (_offset, n) in enumerate(spans) if n <= DENSE_LIMIT]
     if short:
         m = max(spans[row][1] for row in short)
