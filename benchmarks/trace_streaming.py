@@ -117,12 +117,12 @@ def peak_rss_kib(
 
 
 RSS_VARIANTS = {
-    "writer holds at most 32 pieces": ({}, 32),
+    "writer holds at most 64 pieces (the default before)": ({}, 64),
     "MALLOC_MMAP_THRESHOLD_=131072": ({"MALLOC_MMAP_THRESHOLD_": "131072"}, None),
-    "both": ({"MALLOC_MMAP_THRESHOLD_": "131072"}, 32),
+    "MALLOC_ARENA_MAX=1": ({"MALLOC_ARENA_MAX": "1"}, None),
 }
 """Diagnostic variants of the RSS measurement (``--rss-variants``): the writer's
-piece limit (``flush_pieces``, default 64) and glibc's large-allocation threshold
+piece limit (``flush_pieces``, default 32) and glibc's large-allocation threshold
 fixed at its initial 128 KiB (by default it rises as large blocks are freed, and
 later blocks of that size come from the heap, where long-lived ones fragment it)."""
 

@@ -332,7 +332,10 @@ def writer_table(data: Path) -> list[str]:
     real = [r["zstd_ratio_real"] for r, _label in runs if "zstd_ratio_real" in r]
     if real:
         ratios.append(f"{real[0]:.3f}x on SmolLM2's states (the demo run)")
-    lines += ["", "Zstandard (level 0, the former store codec) compresses " + "; ".join(ratios) + "."]
+    lines += [
+        "",
+        "Zstandard (level 0, the former store codec) compresses " + "; ".join(ratios) + ".",
+    ]
     return lines
 
 
@@ -417,9 +420,16 @@ def rss_variant_lines(data: Path) -> list[str]:
     r = load(data, "cpu2-rss-variants")
     lines = [
         "Where the extra memory at 20,000 prompts goes (`--rss-variants`: the same traces "
-        "with the writer holding at most 32 pieces instead of 64, and with glibc's "
-        "large-allocation threshold fixed at 128 KiB, `MALLOC_MMAP_THRESHOLD_=131072`; "
-        "each variant's 200 and 20,000 prompts in turn):",
+        + (
+            "with the writer holding at most 64 pieces (its default before) instead of 32, "
+            "with glibc's large-allocation threshold fixed at 128 KiB "
+            "(`MALLOC_MMAP_THRESHOLD_=131072`) and with one glibc heap for all threads "
+            "(`MALLOC_ARENA_MAX=1`)"
+            if any("64 pieces" in name for name in r["variants"])
+            else "with the writer holding at most 32 pieces instead of 64, and with glibc's "
+            "large-allocation threshold fixed at 128 KiB, `MALLOC_MMAP_THRESHOLD_=131072`"
+        )
+        + "; each variant's 200 and 20,000 prompts in turn):",
         "",
         "| variant | peak RSS, 200 prompts | peak RSS, 20,000 prompts | peak / peak at 200 "
         "| 20,000 prompts' wall time |",

@@ -70,3 +70,29 @@ def test_each_background_write_hands_memory_back(tmp_path, monkeypatch, zarr_thr
     writer.finish()
     assert len(calls) == 3  # one per background write of two pieces
     assert open_run(tmp_path / "run")["states"].values[:, 0].tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_run_json_is_written_as_before_with_the_config_serialised_once(tmp_path):
+    """``RunWriter._record`` splices a config serialised once into run.json: the bytes
+    are those of ``write_json_atomic(path, info.to_dict())`` (nested values, empty
+    containers, strings with newlines and quotes, numpy scalars), flush after flush."""
+    from tokenfield._io import dumps
+    from tokenfield.runs.layout import RUN_JSON
+
+    config = {
+        "prompts": [{"text": 'a "quoted"\nline', "n": np.int64(3)}, {"text": "b"}],
+        "empty": {"list": [], "dict": {}},
+        "nested": {"deep": {"deeper": [1, 2.5, None, True]}},
+    }
+    writer = RunWriter(tmp_path / "run", "simulation", config, append_dim="time", flush_seconds=0)
+    for t in range(3):
+        writer.append(
+            xr.Dataset({"states": (("time", "particle"), np.zeros((1, 2)))}, {"time": [t]}),
+            done=t + 1,
+        )
+        text = (tmp_path / "run" / RUN_JSON).read_text()
+        assert text == dumps(writer.info.to_dict()) + "\n"
+    writer.finish()
+    text = (tmp_path / "run" / RUN_JSON).read_text()
+    assert text == dumps(writer.info.to_dict()) + "\n"
+    assert '"status": "complete"' in text

@@ -326,15 +326,15 @@ def test_a_kill_between_a_flushs_write_and_its_record_resumes_to_the_same_run(
     writer.flush()
     writer.append(buffered_piece(3, 3), done=2)
     writer.append(buffered_piece(6, 3), done=3)
-    real = runs.writer.write_json_atomic
+    real = runs.writer.write_atomic  # run.json's record (RunWriter._record)
 
-    def killed(path, obj):
+    def killed(path, content, **_options):
         raise KeyboardInterrupt  # the rows of pieces 2-3 are in the store, run.json not
 
-    monkeypatch.setattr(runs.writer, "write_json_atomic", killed)
+    monkeypatch.setattr(runs.writer, "write_atomic", killed)
     with pytest.raises(KeyboardInterrupt):
         writer.flush()
-    monkeypatch.setattr(runs.writer, "write_json_atomic", real)
+    monkeypatch.setattr(runs.writer, "write_atomic", real)
     writer._pending = []  # the process died: nothing more is written
     writer.close()
     resumed = RunWriter(run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9)
@@ -371,15 +371,15 @@ def test_a_flush_retried_after_an_interrupted_record_writes_at_the_recorded_size
     writer.append(buffered_piece(0, 3), done=1)
     writer.flush()
     writer.append(buffered_piece(3, 2), done=2)
-    real, calls = runs.writer.write_json_atomic, {"n": 0}
+    real, calls = runs.writer.write_atomic, {"n": 0}  # run.json's record
 
-    def once(path, obj):
+    def once(path, content, **options):
         calls["n"] += 1
         if calls["n"] == 1:
             raise KeyboardInterrupt
-        real(path, obj)
+        real(path, content, **options)
 
-    monkeypatch.setattr(runs.writer, "write_json_atomic", once)
+    monkeypatch.setattr(runs.writer, "write_atomic", once)
     with pytest.raises(KeyboardInterrupt):
         writer.flush()
     writer.close()  # as the trace's clean-up does
