@@ -314,8 +314,8 @@ def writer_table(data: Path) -> list[str]:
         "states and the other variables of a `positions=all` trace), written as "
         "a streamed `tokenfield trace` writes them, then the file system synced; alternating "
         "with the same bytes written to one plain file and synced the same way. Medians "
-        "over the alternations, the two rows one after the other on a quiet machine (load average "
-        "given):",
+        "over the alternations, each row in its own run on a quiet machine (load average "
+        "given; the disk's raw rate moves from day to day, so compare the ratios):",
         "",
         "| writer | alternations | writer MiB/s | raw disk MiB/s | writer / raw | "
         "each alternation | load average (start, end) |",
