@@ -14,7 +14,9 @@ same machine's 16 cores) and of ``benchmarks/simulate_speed.py --device cuda``
 --json`` there (the writer now, and as it was before issue 25);
 ``cpu2-workers-2.json`` is ``benchmarks/trace_scale.py --json`` there, and
 ``dtype-difference.json`` is ``scripts/dtype_difference.py --json`` (not a timing);
-``cpu2-attention-<tokens>.json`` are ``benchmarks/attention_readout.py --json`` there. ``h100-before-*`` were measured with the tracer as it was
+``cpu2-attention-<tokens>.json`` are ``benchmarks/attention_readout.py --json`` there
+(``cpu2-attention-256-before-lanczos.json``: the same at 256 tokens with the dense
+``|lambda_2|`` solver, quoted in the prose, not rendered). ``h100-before-*`` were measured with the tracer as it was
 before the GPU capture without host waits (same benchmark, same machine kind).
 ``cpu2-rss.json`` is ``benchmarks/trace_streaming.py --rss-only --rss-20000 --json``
 (``cpu2-rss-variants.json``: its ``--rss-variants --json``), and
