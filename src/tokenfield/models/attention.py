@@ -284,7 +284,7 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     real = degree * valid
     pi = real / real.sum(-1, keepdim=True)
     root = degree.rsqrt()
-    s = w * root[..., :, None] * root[..., None, :]
+    s = w.mul_(root[..., :, None]).mul_(root[..., None, :])  # w is not needed after
     m = s.shape[-1]
     if m < 2:
         return torch.full(s.shape[:-2], float("nan"), dtype=s.dtype, device=s.device), pi
@@ -523,15 +523,17 @@ def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict
     m = a.shape[-1]
     i = torch.arange(m, device=a.device)
     valid = (i[None, :] < lengths[:, None])[:, None, :].to(a.dtype)  # (rows, 1, m)
-    a = a.clamp(min=0.0) * valid[..., :, None] * valid[..., None, :]
+    # in place on one copy (the read-out's own float64 passes over (rows, heads, m, m)
+    # cost as much as the forward pass on long prompts); the masks are 0 or 1, so the
+    # products are those of multiplying by each mask in turn, bit for bit
+    a = a.clamp(min=0.0).mul_(valid[..., :, None] * valid[..., None, :])
     sums = a.sum(-1, keepdim=True)
-    a = a / torch.where(sums > 0, sums, torch.ones_like(sums))
+    a.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
     nan = torch.tensor(float("nan"), dtype=a.dtype, device=a.device)
     several = (lengths > 1)[:, None]  # (rows, 1)
     queries = valid * (i >= 1).to(a.dtype)  # (rows, 1, m): i >= 1
     count = (lengths - 1).clamp(min=1).to(a.dtype)[:, None]  # (rows, 1)
-    logs = torch.log(torch.where(a > 0, a, torch.ones_like(a)))
-    entropy_rows = -(a * logs).sum(-1)  # (rows, heads, m)
+    entropy_rows = -torch.special.xlogy(a, a).sum(-1)  # (rows, heads, m); 0 log 0 = 0
     if causal:
         keys = (i + 1).to(a.dtype)[None, None, :].expand_as(queries)
     else:
@@ -545,12 +547,12 @@ def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict
     raw = moduli.topk(min(2, m), dim=-1).values[..., -1]
     # without the sink: token 0 dropped, rows renormalised, an empty row a self-loop
     rest = valid * (i >= 1).to(a.dtype)
-    b = a * rest[..., :, None] * rest[..., None, :]
+    b = a * (rest[..., :, None] * rest[..., None, :])
     sums = b.sum(-1)
     empty = (sums <= 0) & (rest > 0)
-    b = b + torch.diag_embed(empty.to(a.dtype))
+    b.diagonal(dim1=-2, dim2=-1).add_(empty.to(a.dtype))
     sums = b.sum(-1, keepdim=True)
-    b = b / torch.where(sums > 0, sums, torch.ones_like(sums))
+    b.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
     lam_ns, pi_ns = _chain_spectrum(b, rest)
     pi_ns = torch.where(rest > 0, pi_ns, nan)
     return {

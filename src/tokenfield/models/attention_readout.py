@@ -292,7 +292,7 @@ def reduce_queries_keys(
             cut = torch.zeros((len(chosen), heads, m, m), dtype=torch.float64, device=on)
             for index, row in enumerate(chosen):
                 n = spans[row][1]
-                cut[index, :, :n, :n] = weights_of(row).to(on, torch.float64)
+                cut[index, :, :n, :n].copy_(weights_of(row))  # to float64, no other copy
             lengths = torch.tensor([spans[row][1] for row in chosen], device=on)
             fill_rows(out, _reduce_padded(cut, lengths, causal), chosen)
     # Long prompts one at a time, as the eager path: the reference reduction, one head
