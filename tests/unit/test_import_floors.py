@@ -41,6 +41,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "_lock",
         "_progress",
         "_threads",
+        "_memory",
         "_version",
         "_device",
         "_dask",
