@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -137,7 +138,10 @@ def test_chunk_files_written_straight_equal_zarrs_own(tmp_path):
     assert len([k for k in made["zarr"] if k.parts[0] == "c"]) == 3
 
 
-def test_a_write_killed_half_way_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
+def killed_run(tmp_path: Path, monkeypatch, **options) -> tuple[Path, Any]:
+    """A clean run at ``tmp_path / "clean"``, and one at ``tmp_path / "killed"``
+    (``options`` for its writer) whose process dies half-way with one chunk file left
+    torn; returns the killed run and its recorded info."""
     small_chunks(monkeypatch)
     write_all(new_writer(tmp_path / "clean"))
 
@@ -155,7 +159,7 @@ def test_a_write_killed_half_way_resumes_to_the_uninterrupted_run(tmp_path, monk
         return written
 
     monkeypatch.setattr(runs.store, "_write_whole_chunks", torn)
-    writer = new_writer(run)
+    writer = new_writer(run, **options)
     with pytest.raises(KeyboardInterrupt):
         for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
             writer.append(trace_piece(int(start), n), done=done)
@@ -166,6 +170,11 @@ def test_a_write_killed_half_way_resumes_to_the_uninterrupted_run(tmp_path, monk
     writer.close()
     info = read_run_info(run)
     assert info.status == "partial" and 0 < info.progress["done"] < len(SIZES)
+    return run, info
+
+
+def test_a_write_killed_half_way_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
+    run, info = killed_run(tmp_path, monkeypatch)
 
     resumed = new_writer(run)
     assert resumed.done == info.progress["done"]
@@ -330,34 +339,7 @@ def test_a_presized_run_killed_half_way_resumes_to_the_uninterrupted_run(
     """As test_a_write_killed_half_way_resumes_to_the_uninterrupted_run, pre-sized: the
     resume cuts the store to its recorded progress, then pre-sizes it again (with a
     hint; without one it grows with every write, as before)."""
-    small_chunks(monkeypatch)
-    write_all(new_writer(tmp_path / "clean"))
-
-    run = tmp_path / "killed"
-    real = runs.store._write_whole_chunks
-    calls = {"n": 0}
-
-    def torn(store, array, axis, values, at):
-        written = real(store, array, axis, values, at)
-        calls["n"] += bool(written)
-        if calls["n"] == 6 and written:  # one chunk file left torn, then the process dies
-            chunk = max(p for p in Path(store, array.path, "c").rglob("*") if p.is_file())
-            chunk.write_bytes(chunk.read_bytes()[:7])
-            raise KeyboardInterrupt
-        return written
-
-    monkeypatch.setattr(runs.store, "_write_whole_chunks", torn)
-    writer = new_writer(run, size_hint=TOTAL)
-    with pytest.raises(KeyboardInterrupt):
-        for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
-            writer.append(trace_piece(int(start), n), done=done)
-        writer._wait()
-    monkeypatch.setattr(runs.store, "_write_whole_chunks", real)
-    writer._pending = []  # the process died: nothing more is written
-    writer._writing = None
-    writer.close()
-    info = read_run_info(run)
-    assert info.status == "partial" and 0 < info.progress["done"] < len(SIZES)
+    run, info = killed_run(tmp_path, monkeypatch, size_hint=TOTAL)
     assert lengths(run) == {TOTAL}  # pre-sized: rows past the progress are not the run's
     assert open_run(run, allow_partial=True).sizes["particle"] == info.progress["size"]
 

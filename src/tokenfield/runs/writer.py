@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from tokenfield._io import dumps, write_atomic, write_json_atomic
+from tokenfield._io import dumps, write_atomic
 from tokenfield._lock import WriterLock
 from tokenfield._lock import acquire as acquire_lock
 from tokenfield._memory import limit_zarr_threads, release_free_memory
@@ -331,7 +331,7 @@ class RunWriter:
                 all_chunks=True,
                 weights_sha256=weights,
             )
-            write_json_atomic(self.path / RUN_JSON, self.info.to_dict())
+            self._record(self.info)
         else:
             self.info = existing
             if not existing.complete:
