@@ -18,7 +18,7 @@ eigensolves (one extra untimed run of each, with the solver timed).
 Target (issue 25): attention <= 1.5x the plain trace.
 
 Usage: python benchmarks/attention_readout.py [--model smollm2] [--tokens 256] [--prompts 4]
-       [--repeats 3] [--threads 1] [--json F]
+       [--repeats 3] [--threads 1] [--device cpu] [--random-weights] [--json F]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 
@@ -60,6 +61,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the model and the read-out)")
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="a seeded random-weight copy of --model (same shapes, so the same speed); "
+        "--model may then be a directory holding only config.json and the tokenizer",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -72,7 +80,9 @@ def main() -> None:
     from tokenfield.models.trace_config import TraceConfig
 
     torch.set_num_threads(args.threads)
-    model = tf.load_model(args.model)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: no CUDA device on this machine")
+    model = tf.load_model(args.model, device=args.device, random_weights=args.random_weights)
     prompts = long_prompts(model, args.prompts, args.tokens)
     lengths = [len(model.tokenizer(p)["input_ids"]) for p in prompts]
 
@@ -142,11 +152,12 @@ def main() -> None:
             setattr(module, name, solver)
 
     medians = {name: statistics.median(ts) for name, ts in wall.items()}
+    device_name = torch.cuda.get_device_name() if args.device != "cpu" else "cpu"
     cpu_medians = {name: statistics.median(ts) for name, ts in cpu.items()}
     base = medians["plain"]
     print(
         f"model {args.model}, {len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens, "
-        f"positions all, batch {args.batch_size}, {args.threads} thread(s), median of "
+        f"positions all, batch {args.batch_size}, {args.threads} thread(s), {device_name}, median of "
         f"{args.repeats}; load average {load_before[0]:.2f} -> {load_after[0]:.2f}"
     )
     print(f"{'case':32s} {'wall s':>8s} {'x plain':>8s} {'cpu s':>8s} {'eigensolves':>12s}")
@@ -163,6 +174,8 @@ def main() -> None:
             json.dump(
                 {
                     "model": args.model,
+                    "device": device_name,
+                    "random_weights": args.random_weights,
                     "prompts": len(prompts),
                     "tokens": lengths,
                     "batch_size": args.batch_size,

@@ -116,3 +116,25 @@ def test_attractors_on_gpu_equal_cpu(llama_dir):
     for name in ("jacobian_sv", "angular_sv", "ftle", "angle_ratio"):
         np.testing.assert_allclose(results["cuda"][name], results["cpu"][name], rtol=1e-3,
                                    atol=1e-4, err_msg=name)  # fmt: skip
+
+
+def test_lanczos_spectrum_on_gpu_equals_cpu():
+    """``|lambda_2|`` of chains long enough for the batched Lanczos (padded rows
+    included) and the dense solve below it: the GPU gives the CPU's numbers."""
+    from tokenfield.models.attention import LANCZOS_FROM, _chain_spectrum
+
+    generator = torch.Generator().manual_seed(0)
+    for m in (LANCZOS_FROM - 32, LANCZOS_FROM + 40):
+        logits = torch.randn(6, m, m, generator=generator, dtype=torch.float64) * 3
+        causal = torch.ones(m, m, dtype=torch.bool).tril()
+        weights = logits.masked_fill(~causal, -torch.inf).softmax(-1)
+        valid = torch.ones(6, m, dtype=torch.float64)
+        valid[1, m - 17 :] = 0  # one chain padded: its rows and columns zero
+        weights[1, m - 17 :] = 0
+        weights[1, :, m - 17 :] = 0
+        lam_cpu, pi_cpu = _chain_spectrum(weights.clone(), valid)
+        lam_gpu, pi_gpu = _chain_spectrum(weights.cuda(), valid.cuda())
+        assert lam_gpu.device.type == "cuda"
+        np.testing.assert_allclose(lam_gpu.cpu().numpy(), lam_cpu.numpy(), rtol=0, atol=1e-9)
+        np.testing.assert_allclose(pi_gpu.cpu().numpy(), pi_cpu.numpy(), rtol=0, atol=1e-12)
+        assert (lam_cpu > 0).all() and (lam_cpu <= 1).all()
