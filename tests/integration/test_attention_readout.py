@@ -112,6 +112,46 @@ def test_lanczos_branch_equals_the_eager_path(kind, monkeypatch):
     assert _worst_difference(_traced(model, "auto", 4), _traced(model, "eager", 4)) <= EQUAL_TOL
 
 
+@pytest.mark.parametrize(
+    ("kind", "defer_elements", "dense_limit"),
+    [("llama", 1 << 26, None), ("gpt2", 1 << 26, None), ("gemma3", 200, None), ("llama", 1, 6)],
+)
+def test_deferred_reduction_equals_the_eager_path(kind, defer_elements, dense_limit, monkeypatch):
+    """The GPU's schedule on the CPU: the short prompts' weights of every block wait
+    and are reduced together (DEFER_ON), all at once, in several rounds (a small
+    DEFER_ELEMENTS: a round whenever the waiting weights would exceed it), or beside
+    long prompts reduced at once (DENSE_LIMIT lowered to 6). Same statistics as the
+    eager path, and as the read-out reducing each block at once."""
+    import tokenfield.models.attention as attention
+    import tokenfield.models.attention_readout as readout
+    import tokenfield.models.markov as markov
+
+    if dense_limit is not None:
+        monkeypatch.setattr(markov, "DENSE_LIMIT", dense_limit)
+        monkeypatch.setattr(readout, "DENSE_LIMIT", dense_limit)
+    model = _loaded(kind)
+    at_once = _traced(model, "auto", 4)
+    settled = []
+    settle = attention.AttentionCapture.settle
+
+    def counted(self):
+        settled.append(len(self.deferred))
+        settle(self)
+
+    monkeypatch.setattr(attention.AttentionCapture, "settle", counted)
+    monkeypatch.setattr(readout, "DEFER_ON", ("cpu", "cuda"))
+    monkeypatch.setattr(attention, "DEFER_ELEMENTS", defer_elements)
+    deferred = _traced(model, "auto", 4)
+    rounds = sum(1 for waiting in settled if waiting)
+    batches = -(-len(TEXTS) // 4)
+    if defer_elements == 1 << 26:
+        assert max(settled) >= 2 and rounds == batches  # the blocks waited: one round a batch
+    else:
+        assert rounds > batches  # rounds within a batch
+    assert _worst_difference(deferred, _traced(model, "eager", 4)) <= EQUAL_TOL
+    assert _worst_difference(deferred, at_once) <= 1e-12
+
+
 def test_forward_unchanged_by_the_readout():
     """The read-out leaves SDPA computing: states and predictions equal a plain trace
     bit for bit (the eager path changes the kernel, so it does not)."""

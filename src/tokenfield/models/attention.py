@@ -98,6 +98,8 @@ class AttentionCapture:
     # token i of row b at index i (its column minus the row's offset).
     reduced: list[dict[str, torch.Tensor] | None] = field(default_factory=list)
     paused: bool = False
+    # short prompts' weights not yet reduced (:meth:`defer`): (block, rows, weights, lengths)
+    deferred: list[tuple[int, list[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -116,12 +118,63 @@ class AttentionCapture:
             spans.append((int(real[0]), int(real.numel())))  # contiguous: (offset, n)
         self.spans = spans
         self.reduced = [None] * n_blocks
+        self.deferred = []
 
     def store(self, block: int, reduced: dict[str, torch.Tensor], heads: int) -> None:
         """Keep one block's reduced statistics (the queries-and-keys read-out,
         :mod:`tokenfield.models.attention_readout`)."""
         self.heads = heads
         self.reduced[block] = reduced
+
+    def defer(
+        self,
+        block: int,
+        reduced: dict[str, torch.Tensor],
+        heads: int,
+        work: list[tuple[list[int], torch.Tensor, torch.Tensor]],
+    ) -> None:
+        """Keep one block's statistics with the short prompts' weights still to
+        reduce (``work``: ``(rows, weights, lengths)`` as :func:`_reduce_padded`
+        takes them); they are reduced together with other blocks' (:meth:`settle`),
+        once more than :data:`DEFER_ELEMENTS` wait or when the statistics are read.
+
+        On a GPU the reduction of short prompts is bound by kernel launches and the
+        host's waits (the small eigensolves), not by arithmetic: one reduction for
+        all the blocks of a batch costs about what one block's did."""
+        self.store(block, reduced, heads)
+        for rows, weights, lengths in work:
+            if self._deferred_elements() + weights.numel() > DEFER_ELEMENTS:
+                self.settle()
+            self.deferred.append((block, rows, weights, lengths))
+
+    def _deferred_elements(self) -> int:
+        return sum(weights.numel() for _block, _rows, weights, _lengths in self.deferred)
+
+    def settle(self) -> None:
+        """Reduce the deferred weights (:meth:`defer`), those of the same width
+        at once, and put their statistics into their blocks."""
+        groups: dict[tuple[int, ...], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]]
+        groups = {}
+        for item in self.deferred:
+            groups.setdefault(tuple(item[2].shape[1:]), []).append(item)
+        self.deferred = []
+        for items in groups.values():
+            places = [(block, rows) for block, rows, _weights, _lengths in items]
+            lengths = torch.cat([lengths for _block, _rows, _weights, lengths in items])
+            parts = [weights for _block, _rows, weights, _lengths in items]
+            items.clear()
+            weights = torch.cat(parts) if len(parts) > 1 else parts[0]
+            parts.clear()  # the concatenation is the only copy kept
+            reduced = _reduce_padded(weights, lengths, self.causal)
+            del weights
+            start = 0
+            for block, rows in places:
+                part = {name: value[start : start + len(rows)] for name, value in reduced.items()}
+                target = self.reduced[block]
+                if target is None:
+                    raise RuntimeError(f"attention of block {block} was deferred but not stored")
+                fill_rows(target, part, rows)
+                start += len(rows)
 
     def reduce(self, block: int, weights: torch.Tensor) -> None:
         """Reduce ``weights`` ``(batch, heads, seq, seq)`` of one block, all prompts at once."""
@@ -131,6 +184,7 @@ class AttentionCapture:
     @property
     def summaries(self) -> list[list[AttentionSummary | None]]:
         """``summaries[block][row]``: one :class:`AttentionSummary` per prompt (numpy)."""
+        self.settle()
         out: list[list[AttentionSummary | None]] = []
         for reduced in self.reduced:
             if reduced is None:
@@ -158,6 +212,7 @@ class AttentionCapture:
             keep: ``(batch, seq)`` kept positions (row-major = particle order).
             last: ``(batch, seq)`` last real token of each row.
         """
+        self.settle()
         rows, cols = keep.nonzero(as_tuple=True)
         n_blocks = len(self.reduced)
         shape = (int(rows.numel()), n_blocks, self.heads)
@@ -181,6 +236,9 @@ class AttentionCapture:
 
 # Elements of one float64 (rows, heads, n, n) work array; more rows are split.
 _CHUNK_ELEMENTS = 1 << 23
+# Elements of float64 weights a capture defers at most (AttentionCapture.defer): 512 MiB,
+# and as much again while they are reduced.
+DEFER_ELEMENTS = 1 << 26
 
 
 def reduce_attention_batch(

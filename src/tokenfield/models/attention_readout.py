@@ -68,6 +68,7 @@ __all__ = [
     "capture_queries_keys",
     "readout_path",
     "reduce_queries_keys",
+    "short_weights",
 ]
 
 # Families whose attention modules call Hugging Face's AttentionInterface with the
@@ -79,6 +80,10 @@ READOUTS = ("auto", "sdpa", "eager")
 CHUNK_ELEMENTS = 1 << 23
 # Elements of one block of float32 logits (heads, rows, n).
 ROW_ELEMENTS = 1 << 20
+# Devices on which the short prompts' weights of every block wait to be reduced
+# together (AttentionCapture.defer): a GPU, where the reduction is bound by kernel
+# launches. On a CPU each block is reduced at once, its arrays still in the cache.
+DEFER_ON = ("cuda",)
 
 _NAME = "tokenfield_sdpa_readout"
 # id(attention module) -> the read-out of its block, while a capture is active
@@ -156,6 +161,8 @@ def capture_queries_keys(sites: ModelSites, hf_model: Any, capture: Any) -> Iter
             causal_kernel = bool(
                 getattr(module, "is_causal", True) if is_causal is None else is_causal
             )
+            # on a GPU the short prompts of every block are reduced together
+            work: list[Any] | None = [] if query.device.type in DEFER_ON else None
             reduced = reduce_queries_keys(
                 query.detach(),
                 key.detach(),
@@ -165,8 +172,12 @@ def capture_queries_keys(sites: ModelSites, hf_model: Any, capture: Any) -> Iter
                 causal_kernel=causal_kernel,
                 scaling=kwargs.get("scaling"),
                 softcap=kwargs.get("softcap"),
+                deferred=work,
             )
-            capture.store(block, reduced, int(query.shape[1]))
+            if work is None:
+                capture.store(block, reduced, int(query.shape[1]))
+            else:
+                capture.defer(block, reduced, int(query.shape[1]), work)
 
         return read
 
@@ -237,6 +248,62 @@ def prompt_weights(
     return out
 
 
+def short_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    spans: Sequence[tuple[int, int]],
+    rows: Sequence[int],
+    m: int,
+    causal_kernel: bool,
+    scaling: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """The weights of the batch rows ``rows`` (each at most ``m`` tokens) at once:
+    :func:`prompt_weights` of each row's real tokens, in the top-left corner of a
+    zero ``(len(rows), heads, m, m)`` float64 array.
+
+    One batched product for all the rows instead of one per row (on a GPU the
+    read-out of short prompts is bound by kernel launches). A row shorter than
+    ``m`` gets ``-inf`` logits for the keys past its end, which add nothing to its
+    softmax (``exp(-inf) = 0``: the same maximum, the same sum), and its rows and
+    columns past the end are zeroed.
+
+    Args:
+        query: ``(batch, heads, seq, head_dim)``; ``key`` the same (heads repeated).
+        mask, spans, causal_kernel, scaling, softcap: as :func:`reduce_queries_keys`.
+    """
+    device = query.device
+    index = torch.tensor(list(rows), device=device)
+    offsets = torch.tensor([spans[r][0] for r in rows], device=device)
+    lengths = torch.tensor([spans[r][1] for r in rows], device=device)
+    steps = torch.arange(m, device=device)
+    cols = (offsets[:, None] + steps).clamp(max=query.shape[2] - 1)  # (rows, m)
+    inside = steps[None, :] < lengths[:, None]  # (rows, m)
+    # (rows, m, heads, head_dim) -> (rows, heads, m, head_dim)
+    q = query[index[:, None], :, cols].transpose(1, 2)
+    k = key[index[:, None], :, cols].transpose(1, 2)
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (rows, heads, m, m)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if mask is not None:
+        source = mask[index if mask.shape[0] > 1 else index.new_zeros(len(rows)), 0]
+        visible = source[torch.arange(len(rows), device=device)[:, None, None],
+                         cols[:, :, None], cols[:, None, :]]  # fmt: skip
+        if visible.dtype != torch.bool:  # an additive mask: 0 where visible
+            visible = visible > torch.finfo(visible.dtype).min / 2
+    elif causal_kernel:
+        visible = torch.ones(m, m, dtype=torch.bool, device=device).tril()[None]
+    else:
+        visible = torch.ones(1, m, m, dtype=torch.bool, device=device)
+    visible = visible & inside[:, None, :]  # (rows, m, m): no key past the row's end
+    logits = logits.masked_fill(~visible[:, None], float("-inf"))
+    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype).float()
+    corner = (inside[:, :, None] & inside[:, None, :])[:, None]  # (rows, 1, m, m)
+    # where, not a product: a padded query row may be all -inf (NaN after softmax)
+    return torch.where(corner, weights.double(), 0.0)
+
+
 def reduce_queries_keys(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -247,6 +314,7 @@ def reduce_queries_keys(
     causal_kernel: bool,
     scaling: float | None = None,
     softcap: float | None = None,
+    deferred: list[tuple[list[int], torch.Tensor, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The statistics of :func:`~tokenfield.models.attention.reduce_attention_batch`
     for one block of a padded batch, from the queries and keys SDPA received.
@@ -261,6 +329,10 @@ def reduce_queries_keys(
         causal_kernel: what SDPA does without a mask (the module's ``is_causal``).
         scaling: the logit scale (``head_dim ** -0.5`` when ``None``, as SDPA).
         softcap: a logit soft cap (``cap * tanh(logits / cap)``), or ``None``.
+        deferred: a list to hand the short prompts' weights to, unreduced, as
+            ``(rows, weights, lengths)`` (what :func:`_reduce_padded` takes; see
+            :meth:`~tokenfield.models.attention.AttentionCapture.defer`); their
+            statistics are then left blank (NaN) here. ``None``: reduced here.
 
     Returns:
         Statistic -> ``(batch, heads)`` float64 for ``PER_HEAD``, ``(batch, heads,
@@ -282,19 +354,20 @@ def reduce_queries_keys(
         return prompt_weights(query[row, :, part], key[row, :, part], visible, scale, softcap)
 
     # Short prompts, as the eager path reduces them: several at once, each in the
-    # top-left corner of a (rows, heads, m, m) float64 array, |lambda_2| batched.
+    # top-left corner of a (rows, heads, m, m) float64 array, |lambda_2| batched;
+    # with ``deferred``, the arrays are handed over unreduced.
     short = [row for row, (_offset, n) in enumerate(spans) if n <= DENSE_LIMIT]
     if short:
         m = max(spans[row][1] for row in short)
         step = max(1, CHUNK_ELEMENTS // (heads * m * m))
         for begin in range(0, len(short), step):
             chosen = short[begin : begin + step]
-            cut = torch.zeros((len(chosen), heads, m, m), dtype=torch.float64, device=on)
-            for index, row in enumerate(chosen):
-                n = spans[row][1]
-                cut[index, :, :n, :n].copy_(weights_of(row))  # to float64, no other copy
+            cut = short_weights(query, key, mask, spans, chosen, m, causal_kernel, scale, softcap)
             lengths = torch.tensor([spans[row][1] for row in chosen], device=on)
-            fill_rows(out, _reduce_padded(cut, lengths, causal), chosen)
+            if deferred is not None:
+                deferred.append((chosen, cut.to(on), lengths))
+            else:
+                fill_rows(out, _reduce_padded(cut.to(on), lengths, causal), chosen)
     # Long prompts one at a time, as the eager path: the reference reduction, one head
     # at a time in float64, |lambda_2| by Lanczos.
     for row, (_offset, n) in enumerate(spans):
