@@ -152,7 +152,10 @@ def killed_run(tmp_path: Path, monkeypatch, **options) -> tuple[Path, Any]:
     def torn(store, array, axis, values, at):
         written = real(store, array, axis, values, at)
         calls["n"] += bool(written)
-        if calls["n"] == 6 and written:  # one chunk file left torn, then the process dies
+        recorded = read_run_info(run).progress.get("done", 0)
+        # once some progress is recorded (and rows past it written: the states run
+        # ahead of the coordinates), one chunk file left torn, then the process dies
+        if calls["n"] >= 6 and recorded and written:
             chunk = max(p for p in Path(store, array.path, "c").rglob("*") if p.is_file())
             chunk.write_bytes(chunk.read_bytes()[:7])
             raise KeyboardInterrupt
@@ -350,3 +353,51 @@ def test_a_presized_run_killed_half_way_resumes_to_the_uninterrupted_run(
     assert lengths(run) == {TOTAL}
     assert stored(run) == stored(tmp_path / "clean")
     xr.testing.assert_identical(open_run(run).load(), open_run(tmp_path / "clean").load())
+
+
+def test_the_coordinates_lag_behind_the_states_and_catch_up(tmp_path, monkeypatch):
+    """A pre-sized buffered run writes its states' whole chunks at every flush, and its
+    coordinates, strings and progress only every LAG_WRITES + 1 flushes (and at the
+    end): the progress never counts rows whose coordinates are not written, and the run
+    equals one written with no lag, byte for byte."""
+    small_chunks(monkeypatch)
+    events, records = [], []  # L: the states alone, W: everything
+    lag_only, write_at, record = (
+        RunWriter._write_large_only,
+        runs.writer._write_at,
+        RunWriter._record,
+    )
+
+    def counted_lag(self, pending, large, start, stop):
+        held = lag_only(self, pending, large, start, stop)
+        events.append("L" if held is not None else "-")
+        return held
+
+    def counted_write_at(store, merged, dim, at, *args, **kwargs):
+        events.append("W")
+        # what is recorded never runs ahead of the coordinates written
+        assert int(read_run_info(store.parent).progress.get("size", 0)) <= at
+        return write_at(store, merged, dim, at, *args, **kwargs)
+
+    def counted_record(self, info):
+        records.append(int(info.progress.get("size", 0)))
+        return record(self, info)
+
+    monkeypatch.setattr(RunWriter, "_write_large_only", counted_lag)
+    monkeypatch.setattr(runs.writer, "_write_at", counted_write_at)
+    monkeypatch.setattr(RunWriter, "_record", counted_record)
+    write_all(new_writer(tmp_path / "lag", size_hint=TOTAL))
+    order = "".join(events)
+    assert order.count("L") >= 2  # the states went alone
+    # at most LAG_WRITES of them in a row between two writes of everything
+    assert order.startswith("W") and "L" * (runs.writer.LAG_WRITES + 1) not in order, order
+    assert records == sorted(records) and records[-1] == TOTAL
+
+    monkeypatch.setattr(runs.writer, "LAG_WRITES", 0)
+    events.clear()
+    write_all(new_writer(tmp_path / "no-lag", size_hint=TOTAL))
+    assert "L" not in events
+    assert stored(tmp_path / "lag") == stored(tmp_path / "no-lag")
+    xr.testing.assert_identical(
+        open_run(tmp_path / "lag").load(), open_run(tmp_path / "no-lag").load()
+    )

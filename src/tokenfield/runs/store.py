@@ -82,10 +82,10 @@ def concat_pieces(
     """Pieces of one layout joined along ``dim``: numpy concatenation of every
     variable that has ``dim``, the others taken from the first piece (they are
     the same in every piece: times, sites, blocks). The data variables named in
-    ``skip`` are left out."""
+    ``skip`` are left out (pieces may lack them)."""
     first = pieces[0]
     if skip:
-        first = first.drop_vars(sorted(skip))
+        first = first.drop_vars(sorted(skip), errors="ignore")
     if len(pieces) == 1:
         return first
 
@@ -106,11 +106,23 @@ def _rows(
     pieces: list[xr.Dataset], name: str, dim: str, lo: int, hi: int
 ) -> tuple[tuple[str, ...], list[np.ndarray]]:
     """Rows ``lo .. hi`` (counted over the joined pieces) of variable ``name``: its
-    dims and the pieces' arrays cut to those rows (views, nothing copied)."""
-    dims = tuple(pieces[0].variables[name].dims)
+    dims and the pieces' arrays cut to those rows (views, nothing copied). A piece
+    without ``name`` (its rows of it already written, see
+    :class:`~tokenfield.runs.writer.RunWriter`) counts its rows and gives none;
+    ``((), [])`` when no piece has it."""
+    having = [piece for piece in pieces if name in piece.variables]
+    if not having:
+        return (), []
+    dims = tuple(having[0].variables[name].dims)
     axis = dims.index(dim)
     parts, offset = [], 0
     for piece in pieces:
+        if name not in piece.variables:
+            n = int(piece.sizes[dim])
+            if max(lo, offset) < min(hi, offset + n):
+                raise ValueError(f"rows {lo}..{hi} of '{name}' include a piece without them")
+            offset += n
+            continue
         values = piece.variables[name].transpose(*dims).values
         n = values.shape[axis]
         a, b = max(lo, offset), min(hi, offset + n)
@@ -120,11 +132,28 @@ def _rows(
             parts.append(values[tuple(index)])
         offset += n
     if not parts:  # no rows (a retried write): none of the first piece's, for the shape
-        values = pieces[0].variables[name].transpose(*dims).values
+        values = having[0].variables[name].transpose(*dims).values
         index = [slice(None)] * values.ndim
         index[axis] = slice(0, 0)
         parts.append(values[tuple(index)])
     return dims, parts
+
+
+def open_arrays(store: Path, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The arrays of the Zarr group ``store`` by name, opened for writing (chunks
+    written even when empty); ``cache``: as opened by an earlier call (filled when
+    empty), so that a flush does not read every array's metadata again (only the
+    store's writer changes it meanwhile: it holds the lock)."""
+    import zarr
+
+    if cache:
+        return dict(cache)
+    with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
+        group = zarr.open_group(str(store), mode="r+")
+        arrays = {name: group[name] for name in group.array_keys()}
+    if cache is not None:
+        cache.update(arrays)
+    return arrays
 
 
 def _write_at(
@@ -135,6 +164,7 @@ def _write_at(
     rows: Mapping[str, tuple[tuple[str, ...], list[np.ndarray]]] | None = None,
     cache: dict[str, Any] | None = None,
     grow_to: int | None = None,
+    rows_at: int | None = None,
 ) -> bool:
     """Write ``merged``'s rows at ``at .. at + n`` of the existing arrays along
     ``dim`` with plain Zarr writes: no re-reading of the store's data, a cost
@@ -144,34 +174,31 @@ def _write_at(
     grown only where it holds fewer than ``max(at + n, grow_to)`` rows: the rows
     are written into their region, with no metadata written at all while they
     fit. ``rows``: more variables, each as its dims and consecutive blocks of its
-    rows (:func:`_rows`), not joined. ``cache``: the store's arrays as opened by an
-    earlier call (filled when empty), so that a flush does not read every array's
-    metadata again; only its writer changes the store meanwhile (it holds the
-    lock). False (nothing written) when the store's arrays do not match the
-    variables one to one."""
+    rows (:func:`_rows`), not joined, written at ``rows_at`` (default ``at``; the
+    large variables may be ahead of the others, see
+    :class:`~tokenfield.runs.writer.RunWriter`); one with no blocks has nothing to
+    write. ``cache``: as :func:`open_arrays`. False (nothing written) when the
+    store's arrays do not match the variables one to one."""
     rows = dict(rows or {})
+    rows_at = at if rows_at is None else rows_at
     import zarr
 
-    if cache:
-        arrays = dict(cache)
-    else:
-        with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
-            group = zarr.open_group(str(store), mode="r+")
-            arrays = {name: group[name] for name in group.array_keys()}
-        if cache is not None:
-            cache.update(arrays)
+    arrays = open_arrays(store, cache)
     growing = {
         name for name, array in arrays.items() if dim in (array.metadata.dimension_names or ())
     }
     wanted = {name for name, var in merged.variables.items() if dim in var.dims} | set(rows)
     if growing != wanted:
         return False
-    plan: list[tuple[Any, int, Any]] = []
+    plan: list[tuple[Any, int, Any, int]] = []
     for name in sorted(wanted):
         array = arrays[name]
         dims = tuple(array.metadata.dimension_names)
+        where = rows_at if name in rows else at
         if name in rows:
             var_dims, parts = rows[name]
+            if not parts:
+                continue
             if var_dims != dims:
                 var = xr.Variable(var_dims, np.concatenate(parts, axis=var_dims.index(dim)))
             else:
@@ -182,7 +209,7 @@ def _write_at(
                 )
                 if not same:
                     return False
-                plan.append((array, axis, parts))
+                plan.append((array, axis, parts, where))
                 continue
         else:
             var = merged.variables[name]
@@ -195,25 +222,25 @@ def _write_at(
         axis = dims.index(dim)
         if any(size != values.shape[i] for i, size in enumerate(array.shape) if i != axis):
             return False  # another feature size, heads, k, ...
-        plan.append((array, axis, values))
+        plan.append((array, axis, values, where))
     resizes, writes, straight = [], [], []
-    for array, axis, values in plan:
+    for array, axis, values, begin in plan:  # begin: each variable's own first row
         n = _count(values, axis)
         shape = list(array.shape)
         if grow_to is None:
-            shape[axis] = at + n
+            shape[axis] = begin + n
         else:
-            shape[axis] = max(shape[axis], at + n, grow_to)
+            shape[axis] = max(shape[axis], begin + n, grow_to)
         if tuple(shape) != tuple(array.shape):
             resizes.append((array, "resize", (tuple(shape),)))
-        done = _whole_rows(array, axis, n, at)
+        done = _whole_rows(array, axis, n, begin)
         if done:
-            straight.append((array, axis, values))
+            straight.append((array, axis, values, begin))
         if done < n:
             if isinstance(values, list):
                 values = np.concatenate(values, axis=axis) if len(values) > 1 else values[0]
             index = [slice(None)] * values.ndim
-            index[axis] = slice(at + done, at + n)
+            index[axis] = slice(begin + done, begin + n)
             rest = values if done == 0 else np.take(values, range(done, n), axis=axis)
             writes.append((array, "setitem", (tuple(index), rest)))
     # Zarr's part (every array's new shape, then the partial chunks, the sharded
@@ -223,8 +250,8 @@ def _write_at(
     with zarr.config.set({"array.write_empty_chunks": True}):
         zarr_part = _gather([resizes, writes])
         try:
-            for array, axis, values in straight:
-                _write_whole_chunks(store, array, axis, values, at)
+            for array, axis, values, where in straight:
+                _write_whole_chunks(store, array, axis, values, where)
         finally:
             zarr_part()
     return True

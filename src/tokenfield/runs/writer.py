@@ -104,6 +104,12 @@ CHUNK_BYTES = 32 << 20
 # 5 ms on average and 8 ms at the end at the 1,058 chunks of 62 rows that COORD_CHUNK
 # rows make for a 7B model's states); 64 makes one file per 2 GiB of states
 COORD_CHUNKS_PER_SHARD = 64
+# the most writes of whole chunks of a buffered run's large variables (the states) in a
+# row that leave the other variables (coordinates, strings) and the progress for later
+# (RunWriter._write_large_only): those are written, and the progress recorded, at least
+# every LAG_WRITES + 1 writes (and every flush_seconds). Each write of them cost about
+# as much as writing 64 MiB of states (a dozen small sharded arrays through Zarr).
+LAG_WRITES = 3
 # Stands for the config in run.json's outline while the rest is serialised (_record).
 _CONFIG_SLOT = "\x00tokenfield: the run's config\x00"
 
@@ -223,6 +229,12 @@ class RunWriter:
         # recorded size); see _write
         self._align: int | None = None
         self._written: int | None = None
+        # the rows of the other variables (coordinates, strings) written so far, when
+        # they lag behind the large float ones (see _write_large_only); None: _written
+        self._others_written: int | None = None
+        self._large: frozenset[str] = frozenset()  # the variables written straight (_write)
+        self._recorded_at = time.monotonic()  # when progress was last recorded
+        self._lagged = 0  # writes of the large variables alone since then
         self._arrays: dict[str, Any] = {}  # the store's open arrays (see _write_at)
         self._config_text: tuple[Any, str] | None = None  # see _record
         # the rows the store's arrays along append_dim hold as this writer sized
@@ -646,6 +658,9 @@ class RunWriter:
         start = at if creating or self._written is None else self._written
         if not at <= start <= total:
             start = at
+        others = start if self._others_written is None else self._others_written
+        if not at <= others <= start:
+            others = start = at
         stop = total
         if not whole and self._align and not creating:
             stop = total // self._align * self._align
@@ -653,15 +668,19 @@ class RunWriter:
                 return pending  # no whole chunk yet
         # Large float variables (the states) are not joined into one array when
         # appending: their whole chunks go to disk straight from the pieces.
-        straight = (
-            {
-                name
-                for name, var in pieces[0].data_vars.items()
-                if dim in var.dims and var.ndim > 1 and var.dtype.kind == "f"
-            }
-            if not creating and self._align
-            else set()
-        )
+        straight = set()
+        if not creating and self._align:
+            if not self._large:
+                self._large = frozenset(
+                    name
+                    for name, var in pieces[-1].data_vars.items()
+                    if dim in var.dims and var.ndim > 1 and var.dtype.kind == "f"
+                )
+            straight = set(self._large)
+        if straight and not whole and self._lagging(stop):
+            held = self._write_large_only(pending, straight, start, stop)
+            if held is not None:
+                return held
         merged = concat_pieces(pieces, dim, skip=straight)
         with self._forget_arrays_on_error(), _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -687,11 +706,18 @@ class RunWriter:
                 ):
                     raise RuntimeError(f"'{self.store}' does not match the rows it was made for")
             else:
-                part = merged.isel({dim: slice(start - at, stop - at)})
+                part = merged.isel({dim: slice(others - at, stop - at)})
                 rows = {name: _rows(pieces, name, dim, start - at, stop - at) for name in straight}
                 grow_to = self._capacity_for(stop)
                 if not _write_at(
-                    self.store, part, dim, start, rows, cache=self._arrays, grow_to=grow_to
+                    self.store,
+                    part,
+                    dim,
+                    others,
+                    rows,
+                    cache=self._arrays,
+                    grow_to=grow_to,
+                    rows_at=start,
                 ):
                     self._trim_store(at)  # layouts differ: let xarray append (and complain)
                     self._capacity = None  # the store grows with every write from now on
@@ -703,7 +729,8 @@ class RunWriter:
                         consolidated=False,
                         write_empty_chunks=True,
                     )
-        self._written = stop
+        self._written = self._others_written = stop
+        self._lagged = 0
         written = sum(1 for end in ends if end <= stop)
         if written:
             _piece, done, progress = pending[written - 1]
@@ -715,7 +742,78 @@ class RunWriter:
             )
             self._record(info)
             self.info = info
+            self._recorded_at = time.monotonic()
         return pending[written:]
+
+    def _lagging(self, stop: int) -> bool:
+        """Whether a write of whole chunks up to ``stop`` may leave the other
+        variables (coordinates, strings) for a later write: the store is
+        pre-sized and holds ``stop`` rows (no array changes its shape), fewer than
+        :data:`LAG_WRITES` writes left them since the progress was last recorded,
+        and that was less than ``flush_seconds`` ago."""
+        return (
+            self._capacity is not None
+            and stop <= self._capacity
+            and self._lagged < LAG_WRITES
+            and time.monotonic() - self._recorded_at < self.flush_seconds
+        )
+
+    def _write_large_only(
+        self,
+        pending: list[tuple[xr.Dataset, int, dict[str, Any]]],
+        large: set[str],
+        start: int,
+        stop: int,
+    ) -> list[tuple[xr.Dataset, int, dict[str, Any]]] | None:
+        """Write only the whole chunks of the ``large`` variables (the states),
+        rows ``start .. stop``, straight to their files; the other variables
+        wait for a later write (:meth:`_write`, once :meth:`_lagging` says no,
+        and always on :meth:`flush` and :meth:`finish`). Nothing is recorded:
+        the recorded progress needs every variable's rows, and a kill leaves
+        these rows to the resume's trim, as any rows past the recorded size.
+
+        Through Zarr, each write of the coordinates and strings (a dozen small
+        sharded arrays, each read back and written again whole) cost about as much
+        as writing 64 MiB of states; now they are written once every
+        ``flush_seconds``. The pieces whose rows of the large variables are all
+        written are held without them (their memory goes). None (nothing
+        written) where a chunk cannot be written straight: :meth:`_write` then
+        writes everything."""
+        from tokenfield.runs.store import _count, _whole_rows, _write_whole_chunks, open_arrays
+
+        dim = self.append_dim
+        pieces = [piece for piece, _done, _progress in pending]
+        at = int(self.info.progress.get("size", 0))
+        arrays = open_arrays(self.store, self._arrays)
+        growing = {n for n, a in arrays.items() if dim in (a.metadata.dimension_names or ())}
+        if growing != {n for n, v in pieces[-1].variables.items() if dim in v.dims}:
+            return None  # another layout: _write's own checks decide
+        plan = []
+        for name in sorted(large):
+            array = arrays.get(name)
+            if array is None:
+                return None
+            dims, parts = _rows(pieces, name, dim, start - at, stop - at)
+            axis = dims.index(dim)
+            if tuple(array.metadata.dimension_names or ()) != dims or array.shape[axis] < stop:
+                return None
+            n = _count(parts, axis)
+            if n != stop - start or _whole_rows(array, axis, n, start) != n:
+                return None
+            plan.append((array, axis, parts))
+        for array, axis, parts in plan:
+            _write_whole_chunks(self.store, array, axis, parts, start)
+        self._written = stop
+        self._lagged += 1
+        if self._others_written is None:  # nothing written since the resume: start is at
+            self._others_written = start
+        held, end = [], at
+        for piece, done, progress in pending:
+            end += int(piece.sizes[dim])
+            if end <= stop and any(name in piece.variables for name in large):
+                piece = piece.drop_vars(sorted(large), errors="ignore")
+            held.append((piece, done, progress))
+        return held
 
     def _record(self, info: RunInfo) -> None:
         """Write ``info`` to run.json, atomically: the bytes of
