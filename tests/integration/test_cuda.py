@@ -102,17 +102,20 @@ def test_simulation_on_gpu_equals_cpu():
 
 def test_attractors_on_gpu_equal_cpu(llama_dir):
     """The attractor analysis (layer map, spectra, FTLEs, perturbations) on the GPU
-    gives the CPU's numbers: the same seeded directions and start vectors."""
+    gives the CPU's numbers: the same seeded directions and start vectors. The FTLE
+    spectra are converged (max_iter 200: residuals about 1e-6; at 30 they were 3.5e-3,
+    and the GPU's fourth exponent then differed from the CPU's by 6e-3)."""
     from tokenfield.pipelines.attractors import AttractorConfig, measure_attractors
     from tokenfield.prompts import Prompt
 
     prompts = [Prompt(p, category="ab"[i % 2]) for i, p in enumerate(PROMPTS) if " " in p]
-    config = AttractorConfig(directions=4, thetas=(0.01, 0.1, 1.0), pairs=2, max_iter=30,
+    config = AttractorConfig(directions=4, thetas=(0.01, 0.1, 1.0), pairs=2, max_iter=200,
                              tol=1e-6, n_boot=50)  # fmt: skip
     results = {}
     for device in ("cpu", "cuda"):
         model = tf.load_model(str(llama_dir), device=device)
         results[device] = measure_attractors(model, prompts, config)["arrays"]
+        assert np.nanmax(results[device]["ftle_residual"]) < 1e-4, device
     for name in ("jacobian_sv", "angular_sv", "ftle", "angle_ratio"):
         np.testing.assert_allclose(results["cuda"][name], results["cpu"][name], rtol=1e-3,
                                    atol=1e-4, err_msg=name)  # fmt: skip
