@@ -235,9 +235,8 @@ def _piece(start: int, n: int):
 def test_disk_full_while_consolidating_is_one_line_and_the_run_finishes_later(
     tmp_path, monkeypatch
 ):
-    import zarr
-
     from tokenfield.runs import RunWriter, open_run, read_run_info
+    from tokenfield.runs import writer as runs_writer
 
     def full(*_a, **_k):
         raise OSError(28, "No space left on device")
@@ -245,7 +244,7 @@ def test_disk_full_while_consolidating_is_one_line_and_the_run_finishes_later(
     run = tmp_path / "r"
     writer = RunWriter(run, "trace", {"a": 1}, append_dim="particle")
     writer.append(_piece(0, 2), done=1)
-    monkeypatch.setattr(zarr, "consolidate_metadata", full)
+    monkeypatch.setattr(runs_writer, "consolidate", full)
     with pytest.raises(UserError, match="No space left on device.*run the same command again"):
         writer.finish()
     writer.close()

@@ -161,13 +161,15 @@ def killed_run(tmp_path: Path, monkeypatch, **options) -> tuple[Path, Any]:
             raise KeyboardInterrupt
         return written
 
-    monkeypatch.setattr(runs.store, "_write_whole_chunks", torn)
+    for module in (runs.store, runs.writer):  # through Zarr's writes and the lagging ones
+        monkeypatch.setattr(module, "_write_whole_chunks", torn)
     writer = new_writer(run, **options)
     with pytest.raises(KeyboardInterrupt):
         for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
             writer.append(trace_piece(int(start), n), done=done)
         writer._wait()
-    monkeypatch.setattr(runs.store, "_write_whole_chunks", real)
+    for module in (runs.store, runs.writer):
+        monkeypatch.setattr(module, "_write_whole_chunks", real)
     writer._pending = []  # the process died: nothing more is written
     writer._writing = None
     writer.close()
@@ -247,17 +249,29 @@ def lengths(path: Path) -> set[int]:
 
 
 def count_resizes(monkeypatch) -> list[tuple[int, ...]]:
-    """Record every Zarr resize (each one a new zarr.json) from now on."""
+    """Record, from now on, the shape of every array along particle as a store is
+    created, and every Zarr resize (each one a new zarr.json)."""
     from zarr.core.array import AsyncArray
+
+    from tokenfield.runs import writer as runs_writer
 
     calls: list[tuple[int, ...]] = []
     real = AsyncArray.resize
+    real_create = runs_writer.create_store
 
     async def resize(self, new_shape, *args, **kwargs):
         calls.append(tuple(new_shape))
         return await real(self, new_shape, *args, **kwargs)
 
+    def create_store(*args, **kwargs):
+        arrays = real_create(*args, **kwargs)
+        for array in arrays.values():
+            if "particle" in (array.metadata.dimension_names or ()):
+                calls.append(tuple(array.shape))
+        return arrays
+
     monkeypatch.setattr(AsyncArray, "resize", resize)
+    monkeypatch.setattr(runs_writer, "create_store", create_store)
     return calls
 
 
@@ -268,7 +282,7 @@ def test_a_presized_store_written_in_several_flushes_equals_the_one_written_with
     write_all(new_writer(tmp_path / "grown"))
     resizes = count_resizes(monkeypatch)
     write_all(new_writer(tmp_path / "presized", size_hint=TOTAL))
-    growing = len(resizes)  # the first write sizes each array once, for the whole run
+    growing = len(resizes)  # each array is created once at the whole run's size, never resized
     assert growing and set(resizes) <= {(LAYERS, TOTAL, D), (TOTAL, D), (TOTAL,)}
     assert stored(tmp_path / "presized") == stored(tmp_path / "grown")
     assert lengths(tmp_path / "presized") == {TOTAL}
@@ -296,8 +310,8 @@ def test_a_wrong_size_hint_ends_at_the_rows_written(tmp_path, monkeypatch, hint)
         open_run(tmp_path / "hinted").load(), open_run(tmp_path / "grown").load()
     )
     # the coordinates' lengths, in the order they were set: the hint (or the first
-    # write's rows, if more), grown by half again at least when the rows do not fit,
-    # then cut to the rows written
+    # write's rows, if more) as the store is created, grown by half again at least
+    # when the rows do not fit, then cut to the rows written
     sizes = list(dict.fromkeys(shape[0] for shape in resizes if len(shape) == 1))
     assert sizes[0] >= hint and sizes[-1] == TOTAL
     grown = [(a, b) for a, b in pairwise(sizes) if b > a]

@@ -12,6 +12,7 @@ resume, the lock, the progress); this module only writes it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -139,21 +140,95 @@ def _rows(
     return dims, parts
 
 
-def open_arrays(store: Path, cache: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The arrays of the Zarr group ``store`` by name, opened for writing (chunks
-    written even when empty); ``cache``: as opened by an earlier call (filled when
-    empty), so that a flush does not read every array's metadata again (only the
-    store's writer changes it meanwhile: it holds the lock)."""
-    import zarr
+def create_store(
+    store: Path, ds: xr.Dataset, dim: str, rows: int, encoding: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Create ``store`` (replacing any) for ``ds``'s variables, its arrays along
+    ``dim`` sized ``rows`` and not written (their fill values), the others written
+    whole; return its arrays opened for writing, as :func:`open_arrays` does.
 
+    Every array is what ``xarray.Dataset.to_zarr`` (mode ``"w"``, ``encoding``)
+    makes, then resized to ``rows``, byte for byte: xarray encodes and lays out
+    every array in a Zarr store in memory, and its files are then written here in
+    one pass, each once. Written by xarray into a directory, each array cost about
+    3 ms (its metadata written twice, each write a trip through Zarr's event loop
+    and its thread), and its metadata was read back to open it (about 1 ms)."""
+    import shutil
+
+    from zarr.core.array import Array, AsyncArray
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.storage import LocalStore, MemoryStore, StorePath
+
+    files: dict[str, Any] = {}
+    _empty(ds, dim).to_zarr(
+        MemoryStore(files), mode="w", consolidated=False, write_empty_chunks=True, encoding=encoding
+    )
+    if store.exists():
+        shutil.rmtree(store)
+    local = LocalStore(str(store))
+    arrays: dict[str, Any] = {}
+    for key, value in files.items():
+        content = value.to_bytes()
+        name, _slash, leaf = key.rpartition("/")
+        if leaf == "zarr.json" and name:  # an array's metadata (the group's is "zarr.json")
+            meta = json.loads(content)
+            dims = list(meta.get("dimension_names") or ())
+            if dim in dims:
+                meta["shape"][dims.index(dim)] = rows
+            array = AsyncArray(meta, StorePath(local, name), config={"write_empty_chunks": True})
+            content = array.metadata.to_buffer_dict(default_buffer_prototype())[leaf].to_bytes()
+            arrays[name] = Array(array)
+        path = store / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return arrays
+
+
+def open_arrays(store: Path, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The store's arrays by name, opened for writing (every chunk written, even one
+    that holds only fill values): ``cache``'s when it holds them (an earlier call's:
+    only their writer changes the store meanwhile, and Zarr updates an open array's
+    metadata when it resizes it), else opened (one read of each array's metadata)
+    and put in ``cache``."""
     if cache:
         return dict(cache)
+    import zarr
+
     with zarr.config.set({"array.write_empty_chunks": True}):  # read when an array opens
         group = zarr.open_group(str(store), mode="r+")
         arrays = {name: group[name] for name in group.array_keys()}
     if cache is not None:
         cache.update(arrays)
     return arrays
+
+
+def consolidate(store: Path, arrays: Mapping[str, Any]) -> None:
+    """Consolidate the store's metadata (what ``zarr.consolidate_metadata`` writes, so
+    that plain ``xarray.open_zarr`` opens it with one read): from ``arrays``, the
+    store's open arrays (:func:`open_arrays`), when they are all its arrays; their
+    metadata is not read again (about 0.6 ms an array). Else Zarr reads it."""
+    import zarr
+
+    names = {
+        entry.name
+        for entry in os.scandir(store)
+        if entry.is_dir() and os.path.isfile(os.path.join(entry.path, "zarr.json"))
+    }
+    if not arrays or names != set(arrays):
+        zarr.consolidate_metadata(str(store))
+        return
+    from zarr.core.group import ConsolidatedMetadata, GroupMetadata
+    from zarr.core.metadata.io import save_metadata
+    from zarr.core.sync import sync
+    from zarr.storage import LocalStore, StorePath
+
+    root = json.loads((store / "zarr.json").read_bytes())
+    metadata = {name: array.metadata for name, array in arrays.items()}
+    group = GroupMetadata(
+        attributes=root.get("attributes", {}),
+        consolidated_metadata=ConsolidatedMetadata(metadata=metadata),
+    )
+    sync(save_metadata(StorePath(LocalStore(store)), group))
 
 
 def _write_at(

@@ -41,11 +41,16 @@ from tokenfield.runs.info import (
 from tokenfield.runs.layout import FIGURES, RUN_JSON, TRAJECTORY, figures_dir
 from tokenfield.runs.read import damaged_error
 from tokenfield.runs.store import (
-    _empty,
+    _count,
     _rows,
+    _whole_rows,
     _write_at,
     _write_errors,
+    _write_whole_chunks,
     concat_pieces,
+    consolidate,
+    create_store,
+    open_arrays,
     store_compressor,
     store_encoding,
 )
@@ -688,19 +693,14 @@ class RunWriter:
                 encoding = self._layout(merged, int(pieces[0].sizes[dim]))
                 if not whole and self._align:  # at least one chunk: align <= these rows
                     stop = total // self._align * self._align
-                # the arrays are created empty, then filled as every later write is
-                # (whole chunk files written straight from the rows, see _write_at);
-                # with a size hint, that first write also sizes them for the whole run
-                _empty(merged, dim).to_zarr(
-                    self.store,
-                    mode="w",
-                    consolidated=False,
-                    write_empty_chunks=True,
-                    encoding=encoding,
-                )
+                # the arrays are created at their size (with a size hint, the whole
+                # run's), then filled as every later write is (whole chunk files
+                # written straight from the rows, see _write_at)
                 first_rows = merged.isel({dim: slice(0, stop - at)})
-                self._arrays = {}
                 self._capacity = max(self.size_hint, stop) if self.size_hint else None
+                self._arrays = create_store(
+                    self.store, merged, dim, self._capacity or stop - at, encoding
+                )
                 if not _write_at(
                     self.store, first_rows, dim, 0, cache=self._arrays, grow_to=self._capacity
                 ):
@@ -729,6 +729,7 @@ class RunWriter:
                         consolidated=False,
                         write_empty_chunks=True,
                     )
+                    self._arrays = {}  # resized by xarray: opened again by the next write
         self._written = self._others_written = stop
         self._lagged = 0
         written = sum(1 for end in ends if end <= stop)
@@ -779,8 +780,6 @@ class RunWriter:
         written are held without them (their memory goes). None (nothing
         written) where a chunk cannot be written straight: :meth:`_write` then
         writes everything."""
-        from tokenfield.runs.store import _count, _whole_rows, _write_whole_chunks, open_arrays
-
         dim = self.append_dim
         pieces = [piece for piece, _done, _progress in pending]
         at = int(self.info.progress.get("size", 0))
@@ -870,14 +869,10 @@ class RunWriter:
     def _resize_store(self, size: int, grow: bool = False) -> None:
         """Set every array growing along the append dimension to ``size`` rows
         (with ``grow``, only those holding fewer). A shrink deletes the chunk
-        files past the new end."""
-        import zarr
-
-        self._arrays = {}
-
-        group = zarr.open_group(str(self.store), mode="r+")
-        for name in group.array_keys():
-            array = group[name]
+        files past the new end. The writer's open arrays are used (and opened when
+        there are none): a pre-sized store whose rows all got written is not read
+        again to find nothing to cut."""
+        for array in open_arrays(self.store, self._arrays).values():
             dims = list(array.metadata.dimension_names or [])
             if self.append_dim in dims:
                 axis = dims.index(self.append_dim)
@@ -904,11 +899,9 @@ class RunWriter:
     def _consolidate(self) -> None:
         """Consolidate Zarr metadata so plain ``xarray.open_zarr`` opens the store
         quickly and without warnings."""
-        import zarr
-
         with _write_errors(self.store), warnings.catch_warnings():  # disk full: one line
             warnings.simplefilter("ignore")
-            zarr.consolidate_metadata(str(self.store))
+            consolidate(self.store, self._arrays)
 
     def finish(self, **progress: Any) -> None:
         """Write pending pieces, cut a pre-sized store to the rows written (see
