@@ -327,6 +327,7 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     ``S = D^-1/2 W D^-1/2`` has top eigenvalue 1 with eigenvector ``sqrt(pi)``, and
     ``|lambda_2| = max(|lambda_min|, |lambda_(n-1)|)``: the largest ``|eigenvalue|``
     of the deflated ``S - sqrt(pi) sqrt(pi)^T``. Below :data:`LANCZOS_FROM` tokens
+    (:data:`LANCZOS_FROM_CUDA` on a GPU)
     every matrix is solved densely (batched ``torch.linalg.eigvalsh``); from it on by
     the batched Lanczos of :func:`_lanczos_lambda2` on the deflated matrix, which
     agrees with the dense solve to about ``1e-13`` (dense ``eigvalsh`` for the few
@@ -346,7 +347,7 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     m = s.shape[-1]
     if m < 2:
         return torch.full(s.shape[:-2], float("nan"), dtype=s.dtype, device=s.device), pi
-    if m >= LANCZOS_FROM:
+    if m >= (LANCZOS_FROM_CUDA if s.device.type == "cuda" else LANCZOS_FROM):
         top = torch.nan_to_num(pi.sqrt())  # NaN where no token is valid: nothing to deflate
         shape = s.shape[:-2]
         lam = _lanczos_lambda2(
@@ -366,6 +367,10 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
 # m = 128: 0.65 / 0.65 | 0.65 / 0.79 ms; 160: 0.96 / 0.77 (18 a call; 9 a call: even);
 # 192: 1.6 / 1.0 | 1.4 / 1.1; 256: 3.5 / 1.5 | 3.2 / 1.7; 384: 9.9 / 3.4 | 9.4 / 3.3.
 LANCZOS_FROM = 160
+# On a GPU, from this many tokens: cuSOLVER's batched eigensolver stops at 32 x 32, and
+# dense eigvalsh of larger matrices took 94 % of the read-out of 64-token prompts on an
+# H100 (27.7x a plain trace), while the batched Lanczos ran 256-token ones at 5.1x.
+LANCZOS_FROM_CUDA = 33
 # Stop a matrix once the residual bounds ``beta_k |y_k|`` of both extreme Ritz pairs are
 # below this. A Ritz value's error is about residual^2 / gap. Against dense eigvalsh on
 # SmolLM2's chains (1080 each at 160, 192 and 256 tokens, 540 at 384): 1e-6 left at
