@@ -514,9 +514,11 @@ def _lanczos_group(
                 break
             holes = np.flatnonzero(finished[:live])
             movers = live + np.flatnonzero(~finished[live:])
-            for hole, mover in zip(holes.tolist(), movers.tolist(), strict=True):
+            if holes.size:  # one gather and one scatter per array (on a GPU: two kernels)
+                into = torch.as_tensor(holes, device=on)
+                out_of = torch.as_tensor(movers, device=on)
                 for array in (s, basis[:, : k + 2], projections[0], norms[0]):
-                    array[hole].copy_(array[mover])
+                    array[into] = array[out_of]
             for array in (lane, due, before):
                 array[holes] = array[movers]
             s, basis = s[:live], basis[:live]
