@@ -144,6 +144,8 @@ def killed_run(tmp_path: Path, monkeypatch, **options) -> tuple[Path, Any]:
     torn; returns the killed run and its recorded info."""
     small_chunks(monkeypatch)
     write_all(new_writer(tmp_path / "clean"))
+    # the progress recorded every third write at least (these writers never flush for time)
+    monkeypatch.setattr(runs.writer, "LAG_WRITES", 2)
 
     run = tmp_path / "killed"
     real = runs.store._write_whole_chunks
@@ -372,7 +374,7 @@ def test_a_presized_run_killed_half_way_resumes_to_the_uninterrupted_run(
 def test_the_coordinates_lag_behind_the_states_and_catch_up(tmp_path, monkeypatch):
     """A pre-sized buffered run writes its states' whole chunks at every flush, and its
     coordinates, strings and progress only every LAG_WRITES + 1 flushes (and at the
-    end): the progress never counts rows whose coordinates are not written, and the run
+    end; and every flush_seconds, which these writers never reach): the progress never counts rows whose coordinates are not written, and the run
     equals one written with no lag, byte for byte."""
     small_chunks(monkeypatch)
     events, records = [], []  # L: the states alone, W: everything
@@ -397,6 +399,7 @@ def test_the_coordinates_lag_behind_the_states_and_catch_up(tmp_path, monkeypatc
         records.append(int(info.progress.get("size", 0)))
         return record(self, info)
 
+    monkeypatch.setattr(runs.writer, "LAG_WRITES", 2)  # these writers never flush for time
     monkeypatch.setattr(RunWriter, "_write_large_only", counted_lag)
     monkeypatch.setattr(runs.writer, "_write_at", counted_write_at)
     monkeypatch.setattr(RunWriter, "_record", counted_record)

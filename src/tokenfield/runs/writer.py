@@ -111,10 +111,12 @@ CHUNK_BYTES = 32 << 20
 COORD_CHUNKS_PER_SHARD = 64
 # the most writes of whole chunks of a buffered run's large variables (the states) in a
 # row that leave the other variables (coordinates, strings) and the progress for later
-# (RunWriter._write_large_only): those are written, and the progress recorded, at least
-# every LAG_WRITES + 1 writes (and every flush_seconds). Each write of them cost about
-# as much as writing 64 MiB of states (a dozen small sharded arrays through Zarr).
-LAG_WRITES = 3
+# (RunWriter._write_large_only). Those are written, and the progress recorded, at least
+# every flush_seconds (what a kill can cost, as for the pieces waiting in memory), at the
+# end, and, where flush_seconds is long, every LAG_WRITES + 1 writes (about 1 GiB of states
+# at the default flush_bytes). Each write of them cost about as much as writing 64 MiB of
+# states (a dozen small sharded arrays through Zarr).
+LAG_WRITES = 15
 # Stands for the config in run.json's outline while the rest is serialised (_record).
 _CONFIG_SLOT = "\x00tokenfield: the run's config\x00"
 
