@@ -146,7 +146,11 @@ class RunWriter:
             once this many seconds passed since the last write (0: write every
             piece at once). Pending pieces are also written by :meth:`finish`,
             by :meth:`close` (an interrupt keeps the finished work) and once
-            they hold ``flush_bytes`` or number ``flush_pieces``.
+            they hold ``flush_bytes`` or number ``flush_pieces``. A pre-sized
+            writer (``size_hint``) flushing for the bytes held writes the large
+            float variables only; their coordinates, strings and the recorded
+            progress follow at least every ``flush_seconds`` (and every
+            :data:`LAG_WRITES` + 1 such flushes, and at :meth:`finish`).
         flush_bytes: the most bytes of pieces kept in memory.
         flush_pieces: the most pieces kept in memory (a piece's Python objects and
             indexes take far more memory than its ``nbytes`` when it is small:
