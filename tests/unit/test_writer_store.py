@@ -384,8 +384,8 @@ def test_the_coordinates_lag_behind_the_states_and_catch_up(tmp_path, monkeypatc
         RunWriter._record,
     )
 
-    def counted_lag(self, pending, large, start, stop):
-        held = lag_only(self, pending, large, start, stop)
+    def counted_lag(self, pending, at, start, stop):
+        held = lag_only(self, pending, at, start, stop)
         events.append("L" if held is not None else "-")
         return held
 

@@ -153,8 +153,7 @@ class AttentionCapture:
     def settle(self) -> None:
         """Reduce the deferred weights (:meth:`defer`), those of the same width
         at once, and put their statistics into their blocks."""
-        groups: dict[tuple[int, ...], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]]
-        groups = {}
+        groups: dict[tuple[int, ...], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = {}
         for item in self.deferred:
             groups.setdefault(tuple(item[2].shape[1:]), []).append(item)
         self.deferred = []

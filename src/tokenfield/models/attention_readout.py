@@ -197,6 +197,27 @@ def capture_queries_keys(sites: ModelSites, hf_model: Any, capture: Any) -> Iter
             _readers.pop(key, None)
 
 
+def _as_visible(mask: torch.Tensor) -> torch.Tensor:
+    """A cut of the model's attention mask as bool, True where visible (an additive
+    mask is 0 there)."""
+    if mask.dtype != torch.bool:
+        return mask > torch.finfo(mask.dtype).min / 2
+    return mask
+
+
+def _weights(
+    logits: torch.Tensor, visible: torch.Tensor | None, softcap: float | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """Scaled logits to attention weights as eager attention makes them: the soft cap,
+    the mask (``visible`` False: ``-inf``), the softmax in float32, cast to the model's
+    ``dtype``; returned as float32."""
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if visible is not None:
+        logits = logits.masked_fill(~visible, float("-inf"))
+    return torch.softmax(logits, dim=-1, dtype=torch.float32).to(dtype).float()
+
+
 def _visible(
     mask: torch.Tensor | None, row: int, offset: int, n: int, causal_kernel: bool, device: Any
 ) -> torch.Tensor | None:
@@ -204,9 +225,7 @@ def _visible(
     real tokens ``offset .. offset + n - 1``); ``None``: every key."""
     if mask is not None:
         cut = mask[row if mask.shape[0] > 1 else 0, 0, offset : offset + n, offset : offset + n]
-        if cut.dtype != torch.bool:  # an additive mask: 0 where visible
-            cut = cut > torch.finfo(cut.dtype).min / 2
-        return cut.to(device)
+        return _as_visible(cut).to(device)
     if causal_kernel and n > 1:  # SDPA's is_causal: key j <= query i
         return torch.ones(n, n, dtype=torch.bool, device=device).tril()
     return None
@@ -239,12 +258,8 @@ def prompt_weights(
     for start in range(0, n, step):
         stop = min(n, start + step)
         logits = torch.matmul(query[:, start:stop], keys) * scaling  # (heads, rows, n)
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap
-        if visible is not None:
-            logits = logits.masked_fill(~visible[start:stop], float("-inf"))
-        weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
-        out[:, start:stop] = weights.float()
+        rows = None if visible is None else visible[start:stop]
+        out[:, start:stop] = _weights(logits, rows, softcap, query.dtype)
     return out
 
 
@@ -284,21 +299,17 @@ def short_weights(
     q = query[index[:, None], :, cols].transpose(1, 2)
     k = key[index[:, None], :, cols].transpose(1, 2)
     logits = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (rows, heads, m, m)
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
     if mask is not None:
         source = mask[index if mask.shape[0] > 1 else index.new_zeros(len(rows)), 0]
         visible = source[torch.arange(len(rows), device=device)[:, None, None],
                          cols[:, :, None], cols[:, None, :]]  # fmt: skip
-        if visible.dtype != torch.bool:  # an additive mask: 0 where visible
-            visible = visible > torch.finfo(visible.dtype).min / 2
+        visible = _as_visible(visible)
     elif causal_kernel:
         visible = torch.ones(m, m, dtype=torch.bool, device=device).tril()[None]
     else:
         visible = torch.ones(1, m, m, dtype=torch.bool, device=device)
     visible = visible & inside[:, None, :]  # (rows, m, m): no key past the row's end
-    logits = logits.masked_fill(~visible[:, None], float("-inf"))
-    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype).float()
+    weights = _weights(logits, visible[:, None], softcap, query.dtype)
     corner = (inside[:, :, None] & inside[:, None, :])[:, None]  # (rows, 1, m, m)
     # where, not a product: a padded query row may be all -inf (NaN after softmax)
     return torch.where(corner, weights.double(), 0.0)

@@ -231,6 +231,11 @@ def consolidate(store: Path, arrays: Mapping[str, Any]) -> None:
     sync(save_metadata(StorePath(LocalStore(store)), group))
 
 
+def growing_arrays(arrays: Mapping[str, Any], dim: str) -> set[str]:
+    """The names of the arrays that grow along ``dim``."""
+    return {name for name, array in arrays.items() if dim in (array.metadata.dimension_names or ())}
+
+
 def _write_at(
     store: Path,
     merged: xr.Dataset,
@@ -259,9 +264,7 @@ def _write_at(
     import zarr
 
     arrays = open_arrays(store, cache)
-    growing = {
-        name for name, array in arrays.items() if dim in (array.metadata.dimension_names or ())
-    }
+    growing = growing_arrays(arrays, dim)
     wanted = {name for name, var in merged.variables.items() if dim in var.dims} | set(rows)
     if growing != wanted:
         return False

@@ -50,6 +50,7 @@ from tokenfield.runs.store import (
     concat_pieces,
     consolidate,
     create_store,
+    growing_arrays,
     open_arrays,
     store_compressor,
     store_encoding,
@@ -679,7 +680,7 @@ class RunWriter:
                 return pending  # no whole chunk yet
         # Large float variables (the states) are not joined into one array when
         # appending: their whole chunks go to disk straight from the pieces.
-        straight = set()
+        straight: frozenset[str] = frozenset()
         if not creating and self._align:
             if not self._large:
                 self._large = frozenset(
@@ -687,9 +688,9 @@ class RunWriter:
                     for name, var in pieces[-1].data_vars.items()
                     if dim in var.dims and var.ndim > 1 and var.dtype.kind == "f"
                 )
-            straight = set(self._large)
+            straight = self._large
         if straight and not whole and self._lagging(stop):
-            held = self._write_large_only(pending, straight, start, stop)
+            held = self._write_large_only(pending, at, start, stop)
             if held is not None:
                 return held
         merged = concat_pieces(pieces, dim, skip=straight)
@@ -768,12 +769,13 @@ class RunWriter:
     def _write_large_only(
         self,
         pending: list[tuple[xr.Dataset, int, dict[str, Any]]],
-        large: set[str],
+        at: int,
         start: int,
         stop: int,
     ) -> list[tuple[xr.Dataset, int, dict[str, Any]]] | None:
-        """Write only the whole chunks of the ``large`` variables (the states),
-        rows ``start .. stop``, straight to their files; the other variables
+        """Write only the whole chunks of the large variables (:attr:`_large`: the
+        states), rows ``start .. stop`` (``at``: the recorded size, where
+        ``pending`` begins), straight to their files; the other variables
         wait for a later write (:meth:`_write`, once :meth:`_lagging` says no,
         and always on :meth:`flush` and :meth:`finish`). Nothing is recorded:
         the recorded progress needs every variable's rows, and a kill leaves
@@ -786,12 +788,12 @@ class RunWriter:
         written are held without them (their memory goes). None (nothing
         written) where a chunk cannot be written straight: :meth:`_write` then
         writes everything."""
-        dim = self.append_dim
+        dim, large = self.append_dim, self._large
         pieces = [piece for piece, _done, _progress in pending]
-        at = int(self.info.progress.get("size", 0))
         arrays = open_arrays(self.store, self._arrays)
-        growing = {n for n, a in arrays.items() if dim in (a.metadata.dimension_names or ())}
-        if growing != {n for n, v in pieces[-1].variables.items() if dim in v.dims}:
+        if growing_arrays(arrays, dim) != {
+            name for name, var in pieces[-1].variables.items() if dim in var.dims
+        }:
             return None  # another layout: _write's own checks decide
         plan = []
         for name in sorted(large):
