@@ -1,4 +1,5 @@
-"""The batched Lanczos ``|lambda_2|`` of the symmetrised chains equals dense ``eigvalsh``."""
+"""The batched Lanczos ``|lambda_2|`` of the symmetrised chains equals dense ``eigvalsh``;
+its batched Ritz check (``_ritz_batched``) equals LAPACK's ``dstemr``, one at a time."""
 
 from __future__ import annotations
 
@@ -145,14 +146,22 @@ def test_the_batched_reduction_above_the_crossover_equals_the_reference():
             )
 
 
-def test_the_ritz_check_bounds_both_ends_and_stops_at_a_breakdown():
+RITZ_CHECKS = {
+    "dstemr": attention._ritz_dstemr,
+    "recurrence": lambda alpha, beta: attention._ritz_batched(alpha, beta, tree=False),
+    "tree": lambda alpha, beta: attention._ritz_batched(alpha, beta, tree=True),
+}
+
+
+@pytest.mark.parametrize("check", RITZ_CHECKS)
+def test_the_ritz_check_bounds_both_ends_and_stops_at_a_breakdown(check):
     rng = np.random.default_rng(6)
     k = 30
     alpha = rng.normal(size=(3, k)) * 0.3
     beta = rng.uniform(0.05, 0.5, size=(3, k))
     alpha[1, 0] = -5.0  # row 1: a far lower end, its eigenvector's last entry tiny
     beta[2, 11] = 0.0  # row 2: a breakdown after step 12
-    value, residual = attention._ritz_extremes(torch.from_numpy(alpha), torch.from_numpy(beta))
+    value, residual = RITZ_CHECKS[check](torch.from_numpy(alpha), torch.from_numpy(beta))
     for row in range(3):
         size = 12 if row == 2 else k
         t = np.diag(alpha[row, :size])
@@ -161,6 +170,206 @@ def test_the_ritz_check_bounds_both_ends_and_stops_at_a_breakdown():
         assert float(value[row]) == pytest.approx(max(abs(theta[0]), abs(theta[-1])), abs=1e-12)
         bound = 0.0 if row == 2 else beta[row, -1] * max(abs(y[-1, 0]), abs(y[-1, -1]))
         assert residual[row] == pytest.approx(bound, rel=1e-6, abs=1e-300)
+
+
+# the batched Ritz check (_ritz_batched) against dstemr, one matrix at a time: the values
+# are in [0, 1]; bounds below 1e-8 are compared absolutely
+VALUE_TOL, BOUND_RTOL, BOUND_ATOL, TINY_BOUND = 1e-13, 1e-6, 1e-14, 1e-8
+
+
+@pytest.fixture(scope="module")
+def lanczos_rows() -> tuple[np.ndarray, np.ndarray]:
+    """``alpha`` and ``beta`` ``(28, 100)`` of the Lanczos runs (:func:`_lanczos_group`)
+    on attention-like chains of 128 and 192 tokens, never done (``tol`` 1e-300): the last
+    check's tridiagonals, whose leading blocks are the earlier checks' ``T_k``."""
+    rng = np.random.default_rng(7)
+    seen = []
+    check = attention._ritz_extremes
+
+    def spy(alpha, beta):
+        seen.append((alpha.numpy().copy(), beta.numpy().copy()))
+        return check(alpha, beta)
+
+    attention._ritz_extremes = spy
+    try:
+        for n, heads in ((128, 16), (192, 12)):
+            pairs = [symmetrised(a) for a in causal_attention(n, rng, heads=heads)]
+            s = torch.stack([pair[0] for pair in pairs])
+            top = torch.stack([pair[1] for pair in pairs])
+            ones = torch.ones((heads, n), dtype=torch.float64)
+            _lanczos_lambda2(s, top, ones, tol=1e-300, steps=100)
+    finally:
+        attention._ritz_extremes = check
+    last = [(alpha, beta) for alpha, beta in seen if alpha.shape[1] == 100]
+    return np.concatenate([a for a, _ in last]), np.concatenate([b for _, b in last])
+
+
+def with_spectrum(values: np.ndarray, coupling: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    """A tridiagonal with eigenvalues ``values`` (Lanczos on ``diag(values)`` to the
+    end, reorthogonalised twice) and last coupling ``coupling``."""
+    q = rng.normal(size=len(values))
+    basis = [q / np.linalg.norm(q)]
+    alpha, beta = [], []
+    for _ in range(len(values)):
+        w = values * basis[-1]
+        alpha.append(basis[-1] @ w)
+        for _ in range(2):
+            w -= np.array(basis).T @ (np.array(basis) @ w)
+        beta.append(np.linalg.norm(w))
+        basis.append(w / beta[-1])
+    beta[-1] = coupling
+    return np.array(alpha), np.array(beta)
+
+
+def hard_tridiagonals() -> list[tuple[str, bool, np.ndarray, np.ndarray]]:
+    """``(name, clustered, alpha, beta)``: random tridiagonals of sizes 1 to 100, with
+    breakdowns, tiny couplings and entries not finite, and ones with clustered or
+    repeated extreme eigenvalues."""
+    rng = np.random.default_rng(8)
+    cases = []
+
+    def random(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        alpha = rng.normal(size=(n, k)) * rng.uniform(0.05, 1.0, size=(n, 1))
+        beta = rng.uniform(0.01, 1.0, size=(n, k)) * rng.uniform(0.05, 1.0, size=(n, 1))
+        return alpha, beta
+
+    for k in (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 100):
+        cases.append((f"random k={k}", False, *random(12, k)))
+    alpha, beta = random(24, 50)
+    cut = rng.integers(0, 50, size=24)
+    beta[np.arange(24), cut] = np.tile([0.0, 1e-13, np.nan, np.inf, -1.0, 0.0], 4)
+    beta[0, :] = 0.0  # size 1
+    cases.append(("breakdowns", False, alpha, beta))
+    alpha, beta = random(24, 40)
+    tiny = rng.uniform(size=beta.shape) < 0.1
+    beta[tiny] = 10.0 ** rng.uniform(-11.9, -6, size=tiny.sum())
+    cases.append(("tiny couplings", False, alpha, beta))
+    alpha, beta = random(8, 30)
+    alpha[0, 3], alpha[1, 0], alpha[2, 29], alpha[3, :] = np.nan, np.inf, -np.inf, 0.0
+    cases.append(("alpha not finite", False, alpha, beta))
+    for gap in (1e-2, 1e-4, 1e-7, 1e-10, 0.0):  # pairs and triples at both ends
+        rows = []
+        for i in range(9):
+            values = np.sort(rng.uniform(-0.8, 0.8, size=int(rng.integers(4, 100))))
+            values[:2] = -0.9, -0.9 + gap
+            values[-2:] = 0.95 - gap, 0.95
+            if i % 3 == 0:
+                values[2] = -0.9 + 2 * gap
+            rows.append(with_spectrum(values, rng.uniform(0.01, 0.5), rng))
+        for alpha, beta in rows:  # one matrix a case: the sizes differ
+            cases.append((f"cluster {gap:.0e}", True, alpha[None], beta[None]))
+    for glue in (1e-3, 1e-6, 1e-11):  # two copies of a block: repeated extremes
+        alpha, beta = random(8, 20)
+        glued = np.full((8, 1), glue)
+        beta = np.concatenate([beta[:, :-1], glued, beta[:, :-1][:, ::-1], beta[:, -1:]], 1)
+        cases.append((f"glued {glue:.0e}", True, np.concatenate([alpha, alpha[:, ::-1]], 1), beta))
+    return cases
+
+
+def batched_and_redone(alpha, beta, tree, monkeypatch):
+    """:func:`_ritz_batched` of ``alpha``, ``beta``, and how many matrices it passed to
+    dstemr."""
+    redone = []
+    dstemr = attention._ritz_dstemr
+    monkeypatch.setattr(
+        attention, "_ritz_dstemr", lambda a, b: redone.append(len(a)) or dstemr(a, b)
+    )
+    out = attention._ritz_batched(torch.as_tensor(alpha), torch.as_tensor(beta), tree=tree)
+    monkeypatch.setattr(attention, "_ritz_dstemr", dstemr)
+    return out, sum(redone)
+
+
+def assert_ritz_close(got, expected, label=""):
+    (value, residual), (value0, residual0) = got, expected
+    np.testing.assert_allclose(value, value0, rtol=0, atol=VALUE_TOL, err_msg=label)
+    tiny = residual0 < TINY_BOUND
+    np.testing.assert_allclose(
+        residual[~tiny], residual0[~tiny], rtol=BOUND_RTOL, atol=0, err_msg=label
+    )
+    np.testing.assert_allclose(
+        residual[tiny], residual0[tiny], rtol=0, atol=BOUND_ATOL, err_msg=label
+    )
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["recurrence", "tree"])
+def test_the_batched_ritz_check_equals_dstemr_on_lanczos_tridiagonals(
+    lanczos_rows, tree, monkeypatch
+):
+    alpha, beta = lanczos_rows
+    redone = 0
+    for k in (1, 2, 5, 20, 24, 33, 40, 64, 100):
+        a, b = torch.from_numpy(alpha[:, :k].copy()), torch.from_numpy(beta[:, :k].copy())
+        got, count = batched_and_redone(a, b, tree, monkeypatch)
+        assert_ritz_close(got, attention._ritz_dstemr(a, b), f"k={k}")
+        redone += count
+    assert redone <= 0.02 * 9 * len(alpha)  # the batched path did the work
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["recurrence", "tree"])
+def test_the_batched_ritz_check_equals_dstemr_on_hard_tridiagonals(tree, monkeypatch):
+    redone = 0
+    for name, clustered, alpha, beta in hard_tridiagonals():
+        a, b = torch.from_numpy(alpha), torch.from_numpy(beta)
+        got, count = batched_and_redone(a, b, tree, monkeypatch)
+        assert_ritz_close(got, attention._ritz_dstemr(a, b), name)
+        redone += 0 if clustered else count
+    assert redone <= 10  # of 200 not clustered: the gap check's few
+
+
+def test_the_cuda_graphs_padding_changes_nothing():
+    # the graphs' parts run eagerly on the CPU: matrices and rows padded, buffers reused
+    rng = np.random.default_rng(9)
+    graphs = attention._RitzGraphs(64, 128, torch.device("cpu"))
+    for n, k in ((50, 37), (3, 100), (64, 1), (20, 2)):
+        alpha = rng.normal(size=(n, k)) * 0.3
+        beta = rng.uniform(0.05, 0.5, size=(n, k))
+        beta[0, k // 2] = 0.0
+        a, b = torch.from_numpy(alpha), torch.from_numpy(beta)
+        state = attention._RitzState(a, b[:, :-1], b[:, -1], k, True)
+        for _ in range(attention._RITZ_FIRST_STOP, attention._RITZ_PASSES):
+            state.step()
+        expected = state.finish()
+        got = graphs(a, b)
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got[:2], expected[:2], rtol=1e-12, atol=1e-14)
+        assert torch.equal(got[2], expected[2])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_lanczos_gives_the_same_with_the_batched_ritz_check(device, monkeypatch):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the CUDA graphs are tested where one exists")
+    rng = np.random.default_rng(10)
+    width = LANCZOS_FROM + 20
+    a, valid = padded([causal_attention(n, rng)[0] for n in (width, width - 9, 70)], width)
+    a = a.expand(-1, 4, -1, -1).clone()  # 4 heads of each: 12 chains a call
+    valid = valid.expand(-1, 4, -1).clone()
+    a, valid = a.to(device), valid.to(device)
+    results = {}
+    for name, first, check in (
+        ("off", 10**9, attention._ritz_extremes),
+        ("on", 0, attention._ritz_extremes),
+        ("tree", 10**9, RITZ_CHECKS["tree"]),
+    ):
+        monkeypatch.setattr(attention, "RITZ_BATCHED_FROM", first)
+        monkeypatch.setattr(attention, "RITZ_BATCHED_FROM_CUDA", first)
+        monkeypatch.setattr(attention, "_ritz_extremes", check)
+        results[name] = _chain_spectrum(a, valid)[0].cpu().numpy()
+    np.testing.assert_allclose(results["on"], results["off"], rtol=0, atol=1e-13)
+    np.testing.assert_allclose(results["tree"], results["off"], rtol=0, atol=1e-13)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_the_cuda_graphs_equal_dstemr(lanczos_rows, monkeypatch):
+    alpha, beta = lanczos_rows
+    cases = [(f"lanczos k={k}", alpha[:, :k], beta[:, :k]) for k in (20, 40, 100)]
+    cases += [(name, a, b) for name, clustered, a, b in hard_tridiagonals() if not clustered]
+    for name, a, b in cases:
+        a, b = torch.from_numpy(a.copy()).cuda(), torch.from_numpy(b.copy()).cuda()
+        with torch.inference_mode():  # the graphs made here serve outside it as well
+            inside = attention._ritz_batched(a, b)
+        assert_ritz_close(attention._ritz_batched(a, b), attention._ritz_dstemr(a, b), name)
+        assert_ritz_close(inside, attention._ritz_dstemr(a, b), name)
 
 
 def test_a_chain_with_nothing_but_its_top_vector_has_lambda2_zero():

@@ -28,7 +28,7 @@ block's own heads for the effective-beta fit
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -383,6 +383,38 @@ _FIRST_CHECK = 20  # the first Ritz check (5 % of the chains at 256 tokens are d
 _CHECK_GRID = 4  # later checks on multiples of this step
 _SLOWEST = 0.15  # decades per step the residual is assumed to fall at least
 _BREAKDOWN = 1e-12  # beta below this: the Krylov space is invariant (exhausted)
+# _ritz_extremes: all the matrices of a call at once (_ritz_batched) from this many on, one
+# at a time by dstemr (_ritz_dstemr) below. Time per call on Lanczos tridiagonals of
+# attention-like chains, dstemr / batched, ms, k = 24 | 100. CPU (1 thread, the
+# recurrence): n = 157: 3.6 / 5.5 | 11.9 / 23; 256: 5.8 / 5.9 | 19.5 / 27; 350: 8.1 / 6.4
+# | 27 / 30; 440: 10.0 / 6.9 | 33 / 30; 2000: 45 / 17 | 155 / 81 (k = 40, 64: even at
+# 350, 440).
+RITZ_BATCHED_FROM = 400
+# H100 (the CUDA graphs; dstemr after one copy to the host): n = 8: 0.41 / 0.87 | 1.07 /
+# 1.89; 32: 1.21 / 0.89 | 3.4 / 2.2; 64: 2.2 / 0.89 | 6.9 / 2.3; 157: 4.7 / 1.2 | 16.0 /
+# 3.1; 440: 13.2 / 1.4 | 42 / 4.7; 2000: 60 / 3.1 | 183 / 13.9 (the same kernels not
+# replayed: 7 to 14 ms up to 440, 28 ms at 2000).
+RITZ_BATCHED_FROM_CUDA = 24
+# Laguerre steps at most; a matrix still open then goes to dstemr. On 350 Lanczos
+# tridiagonals at k = 24, 40, 64, 100 a call of them all took 7, 8, 10, 10 steps.
+_RITZ_PASSES = 12
+_RITZ_FIRST_STOP = 5  # steps before the first check (a host sync on a GPU): 4 at least
+_RITZ_TOL = 1e-14  # an end is done when its root is bracketed this tightly (scaled T)
+# The next root closer than this (scaled T): dstemr. The tree's roots drift as eps / gap
+# (1e-14 at a gap of 3e-4, 1e-13 where three roots fall within 1e-4); 1 in 470 of the
+# Lanczos tridiagonals of attention-like chains goes to dstemr (a third of near-uniform
+# random ones, whose ends are dense).
+_RITZ_GAP = 1e-3
+# float64 elements of the product tree's largest temporary (a level's 6 x 6 x 6 products,
+# 64 MB): more matrices are done in turn.
+_TREE_ELEMENTS = 1 << 23
+# On a GPU, _ritz_batched replays CUDA graphs (_RitzGraphs) for these many matrices (a
+# call takes the smallest that holds it; more: in turn) and rows padded to a power of two
+# from _GRAPH_ROWS: 12 sets at most, each captured on first use (15 to 35 ms) and kept
+# (with six sets in use, 480 MB reserved on the GPU in all).
+_RITZ_GRAPHED = True
+_GRAPH_COUNTS = (64, 256, 512, 1024)
+_GRAPH_ROWS = 32
 # float64 elements of S per lockstep group: 10 MB, which the matrix-vector products
 # reread from the CPU's cache; on a GPU one group takes everything.
 _GROUP_ELEMENTS = {"cpu": 5 << 18, "cuda": 1 << 27}
@@ -533,12 +565,24 @@ def _ritz_extremes(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tenso
     ``alpha`` ``(n, k)``, off-diagonal ``beta[:, :-1]``, last coupling ``beta[:, -1]``)
     and the larger residual bound ``beta_k |y_k|`` of its two extreme Ritz pairs.
 
-    On the CPU, one matrix at a time: LAPACK's ``dstemr`` (MRRR) for just the two
-    extreme eigenpairs of the tridiagonal, several times cheaper than a dense
-    ``eigh`` of ``T_k``. At the first ``beta`` below :data:`_BREAKDOWN` (or not
-    finite) the Krylov space is invariant: ``T`` ends there, its Ritz values are
-    eigenvalues, the residual bound is 0.
+    At the first ``beta`` below :data:`_BREAKDOWN` (or not finite) the Krylov space is
+    invariant: ``T`` ends there, its Ritz values are eigenvalues, the residual bound
+    is 0. Not finite entries of ``alpha`` count as 0. From :data:`RITZ_BATCHED_FROM`
+    matrices a call on (:data:`RITZ_BATCHED_FROM_CUDA` on a GPU) all the matrices at
+    once, on their device (:func:`_ritz_batched`); below it one at a time on the host
+    (:func:`_ritz_dstemr`). The values come back on the CPU (a tensor), the bounds as
+    an array.
     """
+    on_cpu = alpha.device.type == "cpu"
+    if alpha.shape[0] >= (RITZ_BATCHED_FROM if on_cpu else RITZ_BATCHED_FROM_CUDA):
+        return _ritz_batched(alpha, beta)
+    return _ritz_dstemr(alpha, beta)
+
+
+def _ritz_dstemr(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """:func:`_ritz_extremes` one matrix at a time: LAPACK's ``dstemr`` (MRRR) for just
+    the two extreme eigenpairs of the tridiagonal, several times cheaper than a dense
+    ``eigh`` of ``T_k`` (20 to 45 us a matrix for ``k`` = 24 to 64)."""
     from scipy.linalg import lapack
 
     alphas, betas = alpha.cpu().numpy(), beta.cpu().numpy()
@@ -564,6 +608,405 @@ def _ritz_extremes(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tenso
         value[i] = max(abs(theta[0]), abs(theta[1]))
         residual[i] = couplings[i] * max(abs(last[0]), abs(last[1]))
     return torch.from_numpy(value), residual
+
+
+def _ritz_batched(
+    alpha: torch.Tensor, beta: torch.Tensor, *, tree: bool | None = None
+) -> tuple[torch.Tensor, np.ndarray]:
+    """:func:`_ritz_extremes` of all the matrices at once, on their device: Laguerre's
+    method on the characteristic polynomials ``chi(x) = det(x I - T)``, then the last
+    eigenvector components from the leading and trailing minors (:class:`_RitzState`;
+    on a GPU replayed as CUDA graphs, :class:`_RitzGraphs`).
+
+    ``T`` is shifted and scaled, ``(T - c) / r``, so that its Gershgorin interval is
+    ``[-1, 1]`` (eigenvectors unchanged, eigenvalues mapped back at the end). From
+    outside the spectrum Laguerre's step ``N chi / (chi' +- sqrt((N - 1)((N - 1)
+    chi'^2 - N chi chi'')))`` (``N`` the size of ``T``, the sign that of ``chi'``)
+    never passes the nearest root of a polynomial with real roots and converges to it
+    monotonically, cubically once it is isolated: started at ``-1`` and ``1`` it
+    finds ``theta_min`` and ``theta_max``, both ends in one batch. With ``u_i =
+    1 / (x - lambda_i)``, ``chi'/chi = sum u_i`` and ``(chi'^2 - chi chi'')/chi^2 =
+    sum u_i^2``, so ``chi chi' / (chi'^2 - chi chi'') = sum u_i / sum u_i^2`` is at
+    least the distance to the nearest root as Laguerre's step is at most: an end is
+    done once the two agree within :data:`_RITZ_TOL`. The polynomial and its first two
+    derivatives come from :func:`_characteristic`. On the Lanczos tridiagonals of
+    attention-like chains a matrix takes 4 to 7 steps (``k`` 24 to 100; 1 in 50: 8 to
+    10), a call as many as its slowest matrix.
+
+    The last components (:func:`_last_components`): ``y_j^2 = chi_(1..j-1)(theta)
+    chi_(j+1..k)(theta) / chi'(theta)`` (the residue of the resolvent's ``(j, j)``
+    entry: a leading and a trailing minor; ``chi'`` is the sum of these products), and
+    ``y_j y_k = beta_j ... beta_(k-1) chi_(1..j-1)(theta) / chi'(theta)`` (the ``(j,
+    k)`` entry's), so ``y_k^2 = (beta_j ... beta_(k-1))^2 chi_(1..j-1)(theta) /
+    (chi'(theta) chi_(j+1..k)(theta))`` for every ``j``. Taken at the ``j`` of the
+    largest ``y_j`` (MRRR's twist index), where the minors are far from their roots,
+    it keeps its relative accuracy however small ``y_k`` is (``1e-9`` once
+    converged): within ``1e-12`` of dstemr's bounds. ``j = k`` alone,
+    ``chi_(k-1)(theta) / chi'(theta)``, leaves an absolute error of ``eps / gap``
+    (``theta`` is a root of ``chi_(k-1)`` too, to ``1e-18``): relative errors up to
+    ``1e4`` on such chains; ``j = 1`` alone fails where the start vector's share
+    ``y_1`` is small (``1e-4`` in one of 300).
+
+    A matrix goes to :func:`_ritz_dstemr` where an end is still open after
+    :data:`_RITZ_PASSES` steps (a cluster at an end, where Laguerre converges only
+    linearly), where the next root is closer than :data:`_RITZ_GAP` (``chi' / chi''``
+    at the root bounds the gap from below; there the components are ill determined
+    and the product tree's roots less accurate), or where anything came out not
+    finite. ``tree`` (default: on a GPU) picks :func:`_characteristic`'s product
+    tree over the recurrence.
+    """
+    n, k = alpha.shape
+    on = alpha.device
+    if n == 0:
+        return torch.zeros(0, dtype=torch.float64), np.zeros(0)
+    tree = on.type != "cpu" if tree is None else tree
+    graphs = _ritz_graphs(n, k, on) if tree and on.type == "cuda" else None
+    if graphs is not None:  # in chunks of the graphs' size
+        out = torch.cat(
+            [
+                graphs(alpha[i : i + graphs.count], beta[i : i + graphs.count])
+                for i in range(0, n, graphs.count)
+            ],
+            1,
+        )
+    else:
+        state = _RitzState(alpha, beta[:, :-1], beta[:, -1], k, tree)
+        for _ in range(_RITZ_FIRST_STOP, _RITZ_PASSES):
+            if bool(state.done.all()):
+                break
+            state.step()
+        out = state.finish()
+    out = out.cpu()
+    value, residual = out[0], out[1].numpy()
+    redo = np.flatnonzero(out[2].numpy())
+    if redo.size:  # clusters at an end: one at a time
+        at = torch.from_numpy(redo).to(on)
+        value[redo], residual[redo] = _ritz_dstemr(alpha[at], beta[at])
+    return value, residual
+
+
+class _RitzState:
+    """:func:`_ritz_batched`'s work on fixed tensors, in three parts that a CUDA graph
+    can each capture: the set-up and the first :data:`_RITZ_FIRST_STOP` Laguerre steps
+    (the constructor), one more step (:meth:`step`, in place) and the values, bounds
+    and open flags (:meth:`finish`). ``alpha`` ``(n, m)``, ``inner`` ``(n, m - 1)``
+    the couplings within, ``last`` ``(n,)`` the coupling after row ``length``."""
+
+    def __init__(
+        self,
+        alpha: torch.Tensor,
+        inner: torch.Tensor,
+        last: torch.Tensor,
+        length: int | torch.Tensor,
+        tree: bool,
+    ) -> None:
+        dtype = torch.float64
+        a = torch.nan_to_num(alpha.to(dtype), nan=0.0, posinf=0.0, neginf=0.0)
+        good = torch.isfinite(inner) & (inner > _BREAKDOWN)
+        kept = good.cumprod(-1).bool()  # every coupling up to this one good
+        inside = torch.nn.functional.pad(kept, (1, 0), value=True)  # the rows of T
+        slope = inside.to(dtype)
+        order = slope.sum(-1)  # the size of T
+        whole = (order >= length) & torch.isfinite(last) & (last > _BREAKDOWN)
+        self.coupling = torch.where(whole, last.to(dtype), 0.0)
+        within = torch.where(kept, inner.to(dtype), 0.0)
+        before = torch.nn.functional.pad(within, (1, 0))  # to the row before (0: none)
+        radius = before + torch.nn.functional.pad(within, (0, 1))
+        low = torch.where(inside, a - radius, torch.inf).amin(-1)
+        high = torch.where(inside, a + radius, -torch.inf).amax(-1)
+        self.centre = (low + high) / 2
+        self.scale = ((high - low) / 2).clamp(min=torch.finfo(dtype).tiny)  # size 1: any
+        self.shift = torch.where(inside, (a - self.centre[:, None]) / self.scale[:, None], -1.0)
+        self.slope = slope
+        self.couple = (before / self.scale[:, None]) ** 2
+        self.tree = tree
+        if tree:
+            self.rows = _transfer_rows(self.shift, slope, self.couple)
+        else:  # the recurrence reads one row of all the matrices a step
+            self.rows = (
+                self.shift.T.contiguous(),
+                slope.T.contiguous(),
+                self.couple.T.contiguous(),
+            )
+        self.order = order
+        self.x = torch.stack([-slope[:, 0], slope[:, 0]])  # the Gershgorin bounds
+        self.done = torch.zeros(self.x.shape, dtype=torch.bool, device=a.device)
+        self.gap = torch.zeros_like(self.x)
+        for _ in range(_RITZ_FIRST_STOP):
+            self.step()
+
+    def step(self) -> None:
+        """One Laguerre step from ``x`` (the ends not yet done)."""
+        x, order = self.x, self.order
+        chi, slope1, half2 = _characteristic(x, self.rows, self.tree)
+        square = slope1 * slope1
+        curve = torch.addcmul(square, chi, half2, value=-2.0)  # chi'^2 - chi chi'' >= 0
+        root = (order * curve).sub_(square).mul_(order - 1).clamp_(min=0.0).sqrt_()
+        step = (order * chi).div_(root.copysign_(slope1).add_(slope1))  # the near side
+        far = (chi * slope1).div_(curve)  # the far side
+        settled = far.sub_(step).abs_() <= _RITZ_TOL
+        torch.div(slope1, half2, out=self.gap).abs_()  # the next root at least this far
+        x.copy_(torch.where(self.done, x, x - step))
+        self.done |= settled
+
+    def finish(self) -> torch.Tensor:
+        """``(3, n)``: the largest ``|Ritz value|``, the residual bound, and 1 where the
+        matrix is to be done again by :func:`_ritz_dstemr`."""
+        y2 = _last_components(self.x, self.shift, self.slope, self.couple, self.tree)
+        value = (self.centre + self.scale * self.x).abs().amax(0)
+        coupled = self.coupling > 0
+        residual = torch.where(coupled, self.coupling * y2.amax(0).sqrt(), 0.0)
+        again = ~self.done.all(0) | ~torch.isfinite(value) | ~torch.isfinite(residual)
+        again |= coupled & (self.gap < _RITZ_GAP).any(0)
+        return torch.stack([value, residual, again.to(value.dtype)])
+
+
+class _RitzGraphs:
+    """CUDA graphs of a :class:`_RitzState` for ``count`` matrices of ``rows`` rows:
+    the set-up with the first steps, one step, the finish. A call copies its matrices
+    in (the rest: matrices of size 1 and rows passed through, done at once), replays
+    the first, the second until every end is done, the third. Eager, a call launches
+    300 to 500 small kernels, 15 to 25 us each on an H100 (7 to 14 ms a call for ``n``
+    up to 440, 28 ms for 2000); replayed, the GPU's own time is left (0.9 to 3 ms up to
+    256 matrices, 1.4 to 4.7 ms for 440, 3 to 14 ms for 2000). All the graphs share one
+    memory pool (they never run at once); a set is captured in 15 to 35 ms."""
+
+    def __init__(self, count: int, rows: int, device: torch.device) -> None:
+        self.count = count
+        dtype = torch.float64
+        self.alpha = torch.zeros((count, rows), dtype=dtype, device=device)
+        self.inner = torch.zeros((count, rows - 1), dtype=dtype, device=device)
+        self.last = torch.zeros(count, dtype=dtype, device=device)
+        self.length = torch.ones(count, dtype=dtype, device=device)
+        self.state: _RitzState
+        self.out: torch.Tensor
+
+        def start() -> None:
+            self.state = _RitzState(self.alpha, self.inner, self.last, self.length, True)
+
+        def more() -> None:
+            self.state.step()
+
+        def end() -> None:
+            self.out = self.state.finish()
+
+        self.parts: tuple[Callable[[], Any], ...] = (start, more, end)
+        if device.type != "cuda":  # run as they are (tests the padding on the CPU)
+            return
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm up outside the capture
+            for part in self.parts:
+                part()
+        torch.cuda.current_stream(device).wait_stream(side)
+        pool = _GRAPH_POOLS.setdefault(device, torch.cuda.graph_pool_handle())
+        graphs = []
+        for part in self.parts:
+            graphs.append(torch.cuda.CUDAGraph())
+            with torch.cuda.graph(graphs[-1], pool=pool):
+                part()
+        self.parts = tuple(graph.replay for graph in graphs)
+
+    def __call__(self, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """:meth:`_RitzState.finish` of ``alpha``, ``beta`` (at most ``count`` rows)."""
+        n, k = alpha.shape
+        with torch.no_grad():
+            for buffer in (self.alpha, self.inner, self.last):
+                buffer.zero_()
+            self.alpha[:n, :k] = alpha
+            self.inner[:n, : k - 1] = beta[:, :-1]
+            self.last[:n] = beta[:, -1]
+            self.length.fill_(k)
+            start, more, end = self.parts
+            start()
+            for _ in range(_RITZ_FIRST_STOP, _RITZ_PASSES):
+                if bool(self.state.done[:, :n].all()):
+                    break
+                more()
+            end()
+            return self.out[:, :n].clone()  # the next call overwrites it
+
+
+_GRAPH_POOLS: dict[torch.device, Any] = {}
+_GRAPHS: dict[tuple[torch.device, int, int], _RitzGraphs | None] = {}
+
+
+def _ritz_graphs(n: int, k: int, device: torch.device) -> _RitzGraphs | None:
+    """The CUDA graphs for ``n`` matrices of ``k`` rows (:data:`_GRAPH_COUNTS`, rows a
+    power of two from :data:`_GRAPH_ROWS`), made on first use; None where they cannot
+    be (the eager path then)."""
+    if not _RITZ_GRAPHED:
+        return None
+    count = next((size for size in _GRAPH_COUNTS if n <= size), _GRAPH_COUNTS[-1])
+    rows = max(_GRAPH_ROWS, 1 << (k - 1).bit_length())
+    key = (device, count, rows)
+    if key not in _GRAPHS:
+        try:  # normal tensors, which a later call may update outside inference mode too
+            with torch.inference_mode(False), torch.no_grad():
+                _GRAPHS[key] = _RitzGraphs(count, rows, device)
+        except RuntimeError:  # capture refused (or out of memory): stay eager
+            _GRAPHS[key] = None
+    return _GRAPHS[key]
+
+
+def _transfer_rows(
+    shift: torch.Tensor, slope: torch.Tensor, couple: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows of :func:`_characteristic`'s tree, in pairs: ``S_0``, ``S_1``, ``S_2``
+    ``(n, K / 2, 6, 6)`` with the product of rows ``2 i + 1`` and ``2 i`` at ``x``
+    ``S_0 + x S_1 + x^2 S_2``.
+
+    A row's transfer matrix over the truncated power series is ``A_0 + A_1 h + A_2
+    h^2`` with ``A_0 = [[slope x - shift, -couple], [1, 0]]``, ``A_1 = [[slope, 0],
+    [0, 0]]``, ``A_2 = 0``; as the block lower-triangular Toeplitz matrix ``[[A_0, 0,
+    0], [A_1, A_0, 0], [A_2, A_1, A_0]]`` (the product of two is their product's) it is
+    ``C + x D``, and a pair's product ``C' C + x (C' D + D' C) + x^2 D' D``: the first
+    level of the tree set up once, its largest temporaries gone from every step. The
+    rows are padded in front to ``K``, a power of two, with rows passed through."""
+    shift, slope, couple = _padded(shift, slope, couple)
+    zero, one = torch.zeros_like(shift), torch.ones_like(shift)
+    value = torch.stack([-shift, -couple, one, zero], -1).unflatten(-1, (2, 2))
+    first = torch.stack([slope, zero, zero, zero], -1).unflatten(-1, (2, 2))
+    nothing = torch.zeros_like(value)
+
+    def toeplitz(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        rows = ([a, nothing, nothing], [b, a, nothing], [nothing, b, a])
+        return torch.cat([torch.cat(row, -1) for row in rows], -2)
+
+    constant, linear = toeplitz(value, first), toeplitz(first, nothing)
+    (c1, c0), (d1, d0) = (constant[:, 1::2], constant[:, 0::2]), (linear[:, 1::2], linear[:, 0::2])
+    return _products(c1, c0), _products(c1, d0) + _products(d1, c0), _products(d1, d0)
+
+
+def _products(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``left @ right`` of ``(..., 6, 6)`` batches: a broadcast product and a sum over
+    the last axis (cuBLAS's batched products of matrices this small took about ten
+    times as long on an H100)."""
+    return (left[..., :, None, :] * right.transpose(-1, -2)[..., None, :, :]).sum(-1)
+
+
+def _padded(*rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``shift``, ``slope`` and ``couple`` with rows passed through (-1, 0, 0) in front,
+    up to a power of two (2 at least)."""
+    k = rows[0].shape[-1]
+    extra = max(2, 1 << (k - 1).bit_length()) - k
+    if not extra:
+        return rows
+    pad = torch.nn.functional.pad
+    return tuple(pad(row, (extra, 0), value=-1.0 if i == 0 else 0.0) for i, row in enumerate(rows))
+
+
+def _characteristic(
+    x: torch.Tensor, rows: tuple[torch.Tensor, ...], tree: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``chi(x)``, ``chi'(x)`` and ``chi''(x) / 2`` at ``x`` ``(2, n)``.
+
+    The three-term recurrence ``chi_j = (x - alpha_j) chi_(j-1) - beta_(j-1)^2
+    chi_(j-2)`` is ``[chi_j, chi_(j-1)] = P_j [chi_(j-1), chi_(j-2)]`` with the
+    transfer matrix ``P_j = [[slope x - shift, -couple], [1, 0]]`` (a row of ``T``:
+    ``slope`` 1, ``shift`` its scaled ``alpha``, ``couple`` its scaled ``beta^2`` to
+    the row before, 0 for the first; a row past a breakdown: 0, -1, 0, which keeps
+    ``chi`` and its derivatives). The scaled entries are at most 1 and ``|x| <= 1``:
+    every value stays below ``3^k``, no rescaling needed (an underflow in a tight
+    cluster ends at :func:`_ritz_dstemr`). On a GPU (``tree``) the product ``P_k ...
+    P_1`` over the truncated power series by a pairwise tree: the pairs from their
+    polynomials in ``x`` (:func:`_transfer_rows`), then ``log2 k - 1`` levels of
+    :func:`_products`, some 15 kernels whatever ``n`` and ``k``. On the CPU the
+    recurrence, ``k`` steps of three operations on all the matrices at once: a tenth
+    of the tree's arithmetic, which the CPU is bound by.
+    """
+    if tree:
+        pair0, pair1, pair2 = rows
+        n = x.shape[-1]
+        size = max(1, _TREE_ELEMENTS // (216 * pair0.shape[1]))  # matrices a chunk
+        parts = []
+        for begin in range(0, n, size):
+            part = slice(begin, begin + size)
+            at = x[:, part, None, None, None]
+            m = torch.addcmul(pair0[part], at, pair1[part]).addcmul_(at * at, pair2[part])
+            m = m.flatten(0, 1)
+            while m.shape[1] > 1:  # later rows on the left
+                m = _products(m[:, 1::2], m[:, 0::2])
+            parts.append(m[:, 0, :, 0].unflatten(0, (2, -1)))  # M e_1 over the series
+        column = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        return column[..., 0], column[..., 2], column[..., 4]
+    shift, slope, couple = rows  # (k, n) each
+    t = torch.addcmul(-shift[:, None], slope[:, None], x)  # (k, 2, n)
+    v = x.new_zeros((3, *x.shape))  # chi_j and its first two Taylor coefficients
+    v[0] = 1.0
+    w = torch.zeros_like(v)  # chi_(j-1)
+    new = torch.empty_like(v)
+    for j in range(t.shape[0]):
+        torch.mul(v, t[j], out=new)
+        new[1:].addcmul_(v[:-1], slope[j])
+        new.addcmul_(w, couple[j], value=-1.0)
+        v, w, new = new, v, w
+    return v[0], v[1], v[2]
+
+
+def _last_components(
+    x: torch.Tensor, shift: torch.Tensor, slope: torch.Tensor, couple: torch.Tensor, tree: bool
+) -> torch.Tensor:
+    """``y_k^2`` of the eigenvectors at the roots ``x`` ``(2, n)`` of the scaled
+    tridiagonals (rows as in :func:`_characteristic`), by the twisted formula of
+    :func:`_ritz_batched` from the leading and trailing minors of :func:`_minors`."""
+    lead, trail = _minors(x, shift, slope, couple, tree)  # (2, n, k + 1) each
+    weight = (lead[..., :-1] * trail[..., 1:]).abs()  # chi' y_j^2 of each row j
+    twist = weight.argmax(-1, keepdim=True)
+    # log (beta_j ... beta_(k-1))^2 (scaled, as the minors): the couplings after the twist
+    logs = torch.where(couple > 0, couple, 1.0).log()
+    after = logs.flip(-1).cumsum(-1).flip(-1) - logs
+    log_y2 = (
+        after.expand_as(weight).gather(-1, twist)
+        + lead.gather(-1, twist).abs().log()
+        - trail.gather(-1, twist + 1).abs().log()
+        - weight.sum(-1, keepdim=True).log()
+    )
+    return log_y2[..., 0].exp().clamp(max=1.0)
+
+
+def _minors(
+    x: torch.Tensor, shift: torch.Tensor, slope: torch.Tensor, couple: torch.Tensor, tree: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The leading minors ``chi_(1..j)(x)``, ``j = 0..k``, and the trailing ones
+    ``chi_(j+1..k)(x)``, ``j = 0..k`` (the empty ones 1), at ``x`` ``(2, n)``: each
+    computed in the direction it grows in, from the top and from the bottom. On a GPU
+    (``tree``) by a scan (Hillis-Steele: ``log2 k`` levels of three kernels) of the
+    ``2 x 2`` transfer matrices, the trailing ones as the transposed matrices in
+    reverse order; on the CPU by the recurrences themselves."""
+    k = shift.shape[-1]
+    if tree:
+        pad_shift, pad_slope, pad_couple = _padded(shift, slope, couple)
+        t = pad_slope * x[..., None] - pad_shift
+        one = torch.ones_like(t)
+        m = torch.stack([t, -pad_couple.expand_as(t), one, one - 1], -1).unflatten(-1, (2, 2))
+        m = torch.stack([m, m.flip(-3).mT]).flatten(0, 2)  # (2 * 2 * n, K, 2, 2)
+        size = m.shape[1]
+        reach = 1
+        while reach < size:  # m[i] = m[i] m[i - reach]: the rows i - 2 reach + 1 .. i
+            product = (m[:, reach:, :, :, None] * m[:, :-reach, None, :, :]).sum(-2)
+            m = torch.cat([m[:, :reach], product], 1)
+            reach *= 2
+        first = m[..., 0, 0].unflatten(0, (2, *x.shape))
+        ones = torch.ones_like(first[0, ..., :1])
+        lead = torch.cat([ones, first[0, ..., size - k :]], -1)
+        trail = torch.cat([first[1, ..., :k].flip(-1), ones], -1)
+        return lead, trail
+    t = torch.addcmul(-shift.T[:, None], slope.T[:, None], x)  # (k, 2, n)
+    couple = torch.nn.functional.pad(couple, (0, 1)).T.contiguous()  # (k + 1, n)
+    lead = x.new_empty((k + 1, *x.shape))
+    trail = torch.empty_like(lead)
+    lead[0] = 1.0
+    trail[k] = 1.0
+    before = torch.zeros_like(x)
+    for j in range(k):  # chi_(1..j+1) = t_j chi_(1..j) - couple_j chi_(1..j-1)
+        torch.addcmul(t[j] * lead[j], couple[j], before, value=-1.0, out=lead[j + 1])
+        before = lead[j]
+    before = torch.zeros_like(x)
+    for j in range(k - 1, -1, -1):  # chi_(j+1..k) = t_j chi_(j+2..k) - couple_(j+1) chi_(j+3..k)
+        torch.addcmul(t[j] * trail[j + 1], couple[j + 1], before, value=-1.0, out=trail[j])
+        before = trail[j + 1]
+    return lead.movedim(0, -1), trail.movedim(0, -1)
 
 
 def blank_reduction(batch: int, heads: int, width: int, device: Any) -> dict[str, torch.Tensor]:
