@@ -31,7 +31,9 @@ the GPU read-out reduced every block of a batch together; ``h100-writer.json`` i
 ``benchmarks/writer_throughput.py --json`` on that machine; ``h100-attention-<tokens>.json``
 ``benchmarks/attention_readout.py --device cuda --random-weights --json`` there
 (``h100-attention-64-dense.json``: before the GPU took the batched Lanczos from 33 tokens;
-``h100-attention-256-per-block.json``: before the deferred reduction).
+``h100-attention-256-per-block.json``: before the deferred reduction;
+``h100-attention-<tokens>-ritz-loop.json``: before the Lanczos's Ritz checks were batched
+on the GPU).
 """
 
 from __future__ import annotations
@@ -150,9 +152,11 @@ def gpu_writer_lines(data: Path) -> list[str]:
 
 GPU_ATTENTION = (
     (64, "h100-attention-64-dense", "dense `eigvalsh` on the GPU"),
-    (64, "h100-attention-64", "now (batched Lanczos from 33 tokens)"),
+    (64, "h100-attention-64-ritz-loop", "batched Lanczos from 33 tokens, Ritz checks one by one"),
+    (64, "h100-attention-64", "now (the Ritz checks batched on the GPU)"),
     (256, "h100-attention-256-per-block", "each block reduced at once"),
-    (256, "h100-attention-256", "now (the blocks of a batch reduced together)"),
+    (256, "h100-attention-256-ritz-loop", "the blocks of a batch reduced together"),
+    (256, "h100-attention-256", "now (the Ritz checks batched on the GPU)"),
 )
 
 

@@ -28,6 +28,7 @@ block's own heads for the effective-beta fit
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -810,7 +811,9 @@ class _RitzGraphs:
     def __call__(self, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         """:meth:`_RitzState.finish` of ``alpha``, ``beta`` (at most ``count`` rows)."""
         n, k = alpha.shape
-        with torch.no_grad():
+        # one call at a time: the graphs read and write the same buffers (threads
+        # tracing at once in one process wait here instead of mixing their matrices)
+        with _GRAPH_LOCK, torch.no_grad():
             for buffer in (self.alpha, self.inner, self.last):
                 buffer.zero_()
             self.alpha[:n, :k] = alpha
@@ -827,6 +830,7 @@ class _RitzGraphs:
             return self.out[:, :n].clone()  # the next call overwrites it
 
 
+_GRAPH_LOCK = threading.Lock()
 _GRAPH_POOLS: dict[torch.device, Any] = {}
 _GRAPHS: dict[tuple[torch.device, int, int], _RitzGraphs | None] = {}
 
@@ -840,13 +844,19 @@ def _ritz_graphs(n: int, k: int, device: torch.device) -> _RitzGraphs | None:
     count = next((size for size in _GRAPH_COUNTS if n <= size), _GRAPH_COUNTS[-1])
     rows = max(_GRAPH_ROWS, 1 << (k - 1).bit_length())
     key = (device, count, rows)
-    if key not in _GRAPHS:
-        try:  # normal tensors, which a later call may update outside inference mode too
-            with torch.inference_mode(False), torch.no_grad():
-                _GRAPHS[key] = _RitzGraphs(count, rows, device)
-        except RuntimeError:  # capture refused (or out of memory): stay eager
-            _GRAPHS[key] = None
+    with _GRAPH_LOCK:
+        if key not in _GRAPHS:
+            _GRAPHS[key] = _new_graphs(count, rows, device)
     return _GRAPHS[key]
+
+
+def _new_graphs(count: int, rows: int, device: torch.device) -> _RitzGraphs | None:
+    """:class:`_RitzGraphs` captured now, or None where the capture is refused."""
+    try:  # normal tensors, which a later call may update outside inference mode too
+        with torch.inference_mode(False), torch.no_grad():
+            return _RitzGraphs(count, rows, device)
+    except RuntimeError:  # capture refused (or out of memory): stay eager
+        return None
 
 
 def _transfer_rows(
