@@ -17,7 +17,8 @@ part, and as it was before issue 25);
 ``dtype-difference.json`` is ``scripts/dtype_difference.py --json`` (not a timing);
 ``cpu2-attention-<tokens>.json`` are ``benchmarks/attention_readout.py --json`` there
 (``cpu2-attention-256-before-lanczos.json``: the same at 256 tokens with the dense
-``|lambda_2|`` solver, quoted in the prose, not rendered). ``h100-before-*`` were measured with the tracer as it was
+``|lambda_2|`` solver, quoted in the prose, not rendered;
+``cpu2-attention-256-threads2.json``: ``--threads 2``). ``h100-before-*`` were measured with the tracer as it was
 before the GPU capture without host waits (same benchmark, same machine kind).
 ``cpu2-rss.json`` is ``benchmarks/trace_streaming.py --rss-only --rss-20000 --json``
 (``cpu2-rss-variants.json``: its ``--rss-variants --json``), and
@@ -464,6 +465,17 @@ def attention_table(data: Path) -> list[str]:
             f"| {r['eigensolve_share'][new]:.0%} | {r['max_difference']:.1e} "
             f"| {low:.1f} to {high:.1f} |"
         )
+    two = load(data, "cpu2-attention-256-threads2")
+    wall, cpu = two["wall_medians_s"], two["cpu_medians_s"]
+    lines += [
+        "",
+        f"With {two['threads']} torch threads (both cores, as `tokenfield trace` uses them "
+        f"here), {max(two['tokens'])} tokens: plain {wall['plain']:.2f} s, `--attention` "
+        f"{wall[new]:.2f} s, **{wall[new] / wall['plain']:.2f}x** "
+        f"({cpu[new] / cpu['plain']:.2f}x in CPU time; eigensolves "
+        f"{two['eigensolve_share'][new]:.0%} of it): the forward pass gains more from the "
+        "second core than the read-out does.",
+    ]
     return lines
 
 
