@@ -284,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                     behind_s.append(raw_run(target, data, args.sync, behind))
                     target.unlink()
                 # the removal's own disk work (freeing a run's blocks) is not charged
-                # to the next case: without this, the plain file written after the
-                # writer's run took 0.49-0.50 GB/s, before it 0.64-0.75
+                # to the next case. The plain file's two levels remain with it (on the
+                # development machine 450-535 MiB/s right after the writer's case,
+                # 680-815 right after the write-behind one; docs/scaling.md)
                 syncfs(Path(tmp))
     load_after = os.getloadavg()
     ratios = [r / w for w, r in zip(writer_s, raw_s, strict=True)]
