@@ -17,6 +17,11 @@ from tokenfield.models.attention import (
 from tokenfield.models.markov import summarize_attention
 
 TOL = 1e-9  # the promise of LANCZOS_TOL (measured: about 1e-13)
+# float32 work arrays (the CPU's, REDUCE_DTYPE): the rounding of S and of the products,
+# with LANCZOS_TOL_FLOAT32 (measured on SmolLM2's chains against the float64 reference:
+# at most 5.2e-7)
+TOL_FLOAT32 = 2e-6
+PRECISIONS = [(torch.float64, TOL), (torch.float32, TOL_FLOAT32)]
 
 
 def causal_attention(n: int, rng: np.random.Generator, heads: int = 1) -> np.ndarray:
@@ -55,7 +60,10 @@ def padded(chains: list[np.ndarray], width: int) -> tuple[torch.Tensor, torch.Te
     return a, valid
 
 
-def test_lanczos_equals_dense_on_padded_causal_chains(monkeypatch):
+@pytest.mark.parametrize(("dtype", "tol"), PRECISIONS)
+def test_lanczos_equals_dense_on_padded_causal_chains(monkeypatch, dtype, tol):
+    """Padded rows, a chain of 3 tokens and one of 2 (the Krylov space spent at once:
+    in float32 a breakdown among rounding noise) included."""
     rng = np.random.default_rng(0)
     width = LANCZOS_FROM + 40
     lengths = (width, width - 7, LANCZOS_FROM, 60, 3, 2)
@@ -65,25 +73,29 @@ def test_lanczos_equals_dense_on_padded_causal_chains(monkeypatch):
     monkeypatch.setattr(
         attention, "_lanczos_lambda2", lambda *a, **k: calls.append(1) or solve(*a, **k)
     )
-    lam, _pi = _chain_spectrum(*padded(chains, width))
+    a, valid = padded(chains, width)
+    lam, _pi = _chain_spectrum(a.to(dtype), valid.to(dtype))
     assert calls  # the Lanczos path, not the dense one
+    assert lam.dtype == torch.float64
     expected = [dense(chain) for chain in chains]
-    np.testing.assert_allclose(lam[:, 0].numpy(), expected, rtol=0, atol=TOL)
+    np.testing.assert_allclose(lam[:, 0].numpy(), expected, rtol=0, atol=tol)
 
 
-def test_a_disconnected_chain_has_lambda2_one():
+@pytest.mark.parametrize(("dtype", "tol"), PRECISIONS)
+def test_a_disconnected_chain_has_lambda2_one(dtype, tol):
     rng = np.random.default_rng(1)
     n, cut = LANCZOS_FROM + 20, 70
     a = np.zeros((n, n))
     a[:cut, :cut] = causal_attention(cut, rng)[0]  # two blocks that never read each other
     a[cut:, cut:] = causal_attention(n - cut, rng)[0]
     s, top = symmetrised(a)
-    got = _lanczos_lambda2(s[None].clone(), top[None], torch.ones((1, n), dtype=torch.float64))
+    got = _lanczos_lambda2(s[None].to(dtype), top[None].to(dtype), torch.ones((1, n), dtype=dtype))
     assert dense(a) == pytest.approx(1.0, abs=1e-12)
-    assert float(got[0]) == pytest.approx(1.0, abs=TOL)
+    assert float(got[0]) == pytest.approx(1.0, abs=tol)
 
 
-def test_the_most_negative_eigenvalue_wins_on_a_bipartite_like_chain():
+@pytest.mark.parametrize(("dtype", "tol"), PRECISIONS)
+def test_the_most_negative_eigenvalue_wins_on_a_bipartite_like_chain(dtype, tol):
     rng = np.random.default_rng(2)
     n = LANCZOS_FROM + 20
     i = np.arange(n)
@@ -94,8 +106,8 @@ def test_the_most_negative_eigenvalue_wins_on_a_bipartite_like_chain():
     s, top = symmetrised(a)
     values = np.linalg.eigvalsh(s.numpy())
     assert abs(values[0]) > abs(values[-2]) + 0.1  # the negative end wins by far
-    got = _lanczos_lambda2(s[None].clone(), top[None], torch.ones((1, n), dtype=torch.float64))
-    assert float(got[0]) == pytest.approx(abs(values[0]), abs=TOL)
+    got = _lanczos_lambda2(s[None].to(dtype), top[None].to(dtype), torch.ones((1, n), dtype=dtype))
+    assert float(got[0]) == pytest.approx(abs(values[0]), abs=tol)
 
 
 def test_matrices_lanczos_does_not_certify_are_solved_densely(monkeypatch):
@@ -127,7 +139,10 @@ def test_the_numbers_do_not_depend_on_the_global_random_state():
     assert torch.equal(first, second)
 
 
-def test_the_batched_reduction_above_the_crossover_equals_the_reference():
+@pytest.mark.parametrize(("dtype", "tol"), PRECISIONS)
+def test_the_batched_reduction_above_the_crossover_equals_the_reference(monkeypatch, dtype, tol):
+    """On the CPU's own work-array precision (float32) and in float64."""
+    monkeypatch.setitem(attention.REDUCE_DTYPE, "cpu", dtype)
     rng = np.random.default_rng(5)
     lengths = [LANCZOS_FROM + 30, LANCZOS_FROM + 1, 40]
     width = max(lengths)
@@ -142,7 +157,7 @@ def test_the_batched_reduction_above_the_crossover_equals_the_reference():
         expected = summarize_attention(cut, causal=True)
         for name in ("lambda2", "lambda2_nosink"):
             np.testing.assert_allclose(
-                got[name][row].numpy(), getattr(expected, name), rtol=0, atol=TOL, err_msg=name
+                got[name][row].numpy(), getattr(expected, name), rtol=0, atol=tol, err_msg=name
             )
 
 

@@ -234,7 +234,22 @@ class AttentionCapture:
         return {name: (dims, values) for name, values in out.items()}
 
 
-# Elements of one float64 (rows, heads, n, n) work array; more rows are split.
+# The precision of the batched reduction's work array (_reduce_padded: the weights, the
+# two chains and their Lanczos) on each device; the statistics come out in float64 and are
+# stored in float32. On the CPU float32: the reduction's passes over (rows, heads, n, n)
+# and the Lanczos's matrix-vector products, bound by memory traffic, take about half the
+# time of float64's, and every statistic stays within 1e-6 of the float64 reference
+# (:func:`~tokenfield.models.markov.summarize_attention`; |lambda_2| to LANCZOS_TOL_FLOAT32
+# at most, about 5e-7 measured). On a GPU float64, as before (not re-measured in float32).
+REDUCE_DTYPE = {"cpu": torch.float32, "cuda": torch.float64}
+
+
+def reduce_dtype(device: torch.device | str) -> torch.dtype:
+    """The work array's precision on ``device`` (:data:`REDUCE_DTYPE`; float64 elsewhere)."""
+    return REDUCE_DTYPE.get(torch.device(device).type, torch.float64)
+
+
+# Elements of one (rows, heads, n, n) work array; more rows are split.
 _CHUNK_ELEMENTS = 1 << 23
 # Elements of float64 weights a capture defers at most (AttentionCapture.defer): 512 MiB,
 # and as much again while they are reduced.
@@ -245,9 +260,10 @@ def reduce_attention_batch(
     weights: torch.Tensor, spans: Sequence[tuple[int, int]], causal: bool
 ) -> dict[str, torch.Tensor]:
     """:func:`~tokenfield.models.markov.summarize_attention` of every prompt of a
-    padded batch at once, on the weights' device: float64, batched over prompts
-    and heads (``|lambda_2|`` by :func:`_chain_spectrum`: batched dense
-    ``eigvalsh``, or batched Lanczos from :data:`LANCZOS_FROM` tokens), no Python
+    padded batch at once, on the weights' device, in :func:`reduce_dtype` (float32 on
+    the CPU), batched over prompts and heads (``|lambda_2|`` by
+    :func:`_chain_spectrum`: batched dense ``eigvalsh``, or batched Lanczos from
+    :data:`LANCZOS_FROM_FLOAT32` tokens, :data:`LANCZOS_FROM` in float64), no Python
     loop over either.
 
     Args:
@@ -303,7 +319,7 @@ def reduce_attention_batch(
             cols[:, None, :, None],
             cols[:, None, None, :],
         ]  # (rows, heads, m, m): the one copy
-        fill_rows(out, _reduce_padded(cut.to(on, torch.float64), lengths, causal), chosen)
+        fill_rows(out, _reduce_padded(cut.to(on, reduce_dtype(on)), lengths, causal), chosen)
     return out
 
 
@@ -327,12 +343,15 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     ``S = D^-1/2 W D^-1/2`` has top eigenvalue 1 with eigenvector ``sqrt(pi)``, and
     ``|lambda_2| = max(|lambda_min|, |lambda_(n-1)|)``: the largest ``|eigenvalue|``
     of the deflated ``S - sqrt(pi) sqrt(pi)^T``. Below :data:`LANCZOS_FROM` tokens
-    (:data:`LANCZOS_FROM_CUDA` on a GPU)
-    every matrix is solved densely (batched ``torch.linalg.eigvalsh``); from it on by
-    the batched Lanczos of :func:`_lanczos_lambda2` on the deflated matrix, which
-    agrees with the dense solve to about ``1e-13`` (dense ``eigvalsh`` for the few
-    matrices it does not certify within :data:`LANCZOS_STEPS` steps), at half to a
-    third of its cost from 256 tokens on.
+    (:data:`LANCZOS_FROM_FLOAT32` for a float32 ``a``, :data:`LANCZOS_FROM_CUDA` on a
+    GPU) every matrix is solved densely (batched ``torch.linalg.eigvalsh`` in float64);
+    from it on by the batched Lanczos of :func:`_lanczos_lambda2` on the deflated
+    matrix, in ``a``'s precision, which agrees with the dense solve to about ``1e-13``
+    in float64 and to the rounding of ``S`` in float32 (at most 5.2e-7 on SmolLM2's
+    chains; dense ``eigvalsh`` for the few matrices it does not certify within
+    :data:`LANCZOS_STEPS` steps), at half to a third of its cost from 256 tokens on in
+    float64, a quarter to a sixth in float32. ``|lambda_2|`` comes back in float64,
+    ``pi`` in ``a``'s precision.
 
     Zero rows and columns (padding) add zero eigenvalues to ``S``, which leave
     ``max(|lambda_min|, |lambda_(n-1)|)`` unchanged.
@@ -347,7 +366,7 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     m = s.shape[-1]
     if m < 2:
         return torch.full(s.shape[:-2], float("nan"), dtype=s.dtype, device=s.device), pi
-    if m >= (LANCZOS_FROM_CUDA if s.device.type == "cuda" else LANCZOS_FROM):
+    if m >= _lanczos_from(s):
         top = torch.nan_to_num(pi.sqrt())  # NaN where no token is valid: nothing to deflate
         shape = s.shape[:-2]
         lam = _lanczos_lambda2(
@@ -355,8 +374,8 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
             top.reshape(-1, m),
             valid.to(s.dtype).expand(*shape, m).reshape(-1, m),
         ).reshape(shape)
-    else:
-        values = torch.linalg.eigvalsh(s)  # ascending; the last is 1
+    else:  # float64 whatever the work array's precision (float32: off by up to 5e-6)
+        values = torch.linalg.eigvalsh(s.double())  # ascending; the last is 1
         lam = torch.maximum(values[..., 0].abs(), values[..., -2].abs())
     return lam.clamp(max=1.0), pi
 
@@ -367,6 +386,11 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
 # m = 128: 0.65 / 0.65 | 0.65 / 0.79 ms; 160: 0.96 / 0.77 (18 a call; 9 a call: even);
 # 192: 1.6 / 1.0 | 1.4 / 1.1; 256: 3.5 / 1.5 | 3.2 / 1.7; 384: 9.9 / 3.4 | 9.4 / 3.3.
 LANCZOS_FROM = 160
+# The same for float32 work arrays (the CPU's, REDUCE_DTYPE), dense eigvalsh still in
+# float64: _reduce_padded of one block of two SmolLM2 prompts (18 heads, both chains),
+# dense / Lanczos, ms: m = 48: 3.8 / 7.1; 64: 7.6 / 8.6; 96: 14.7 / 11.1; 128: 29.4 /
+# 15.6; 160: 43.2 / 20.3; 192: 71.3 / 24.1 (the two within 4.2e-7).
+LANCZOS_FROM_FLOAT32 = 80
 # On a GPU, from this many tokens: cuSOLVER's batched eigensolver stops at 32 x 32, and
 # dense eigvalsh of larger matrices took 94 % of the read-out of 64-token prompts on an
 # H100 (27.7x a plain trace), while the batched Lanczos ran 256-token ones at 5.1x.
@@ -377,13 +401,23 @@ LANCZOS_FROM_CUDA = 33
 # most 1.2e-11, 1e-7 at most 8e-14, for 3 more steps (median 34 at 256 tokens, 31 at
 # 1e-6; 1e-5 left 1.8e-9): 1e-7, far inside 1e-9 even where the gap is 100x smaller.
 LANCZOS_TOL = 1e-7
+# The same in float32 (REDUCE_DTYPE on the CPU), where rounding alone moves the values by
+# up to about 5e-7: a residual of 1e-5 bounds the error by 1e-5 whatever the gap, and on
+# SmolLM2's chains at 256 tokens left the rounding as the only error (5.4e-7 at 1e-4, 1e-5
+# and 1e-7 alike), for a median of 26 steps instead of 30.5 at 1e-7.
+LANCZOS_TOL_FLOAT32 = 1e-5
 # Steps at most (and at most m - 1); the matrices not certified by then are solved
 # densely: 0.4 % of those chains at 160 tokens, 1.8 % at 256, 3.1 % at 384.
 LANCZOS_STEPS = 100
 _FIRST_CHECK = 20  # the first Ritz check (5 % of the chains at 256 tokens are done by then)
+_FIRST_WAIT = 16
 _CHECK_GRID = 4  # later checks on multiples of this step
 _SLOWEST = 0.15  # decades per step the residual is assumed to fall at least
 _BREAKDOWN = 1e-12  # beta below this: the Krylov space is invariant (exhausted)
+# In float32 a spent Krylov space leaves rounding noise of about 1e-7 to 1e-6, not 1e-16:
+# beta below this counts as a breakdown there (dropping a coupling beta moves the Ritz
+# values by at most beta), and a start vector this small against its norm as none.
+_BREAKDOWN_FLOAT32 = 1e-5
 # _ritz_extremes: all the matrices of a call at once (_ritz_batched) from this many on, one
 # at a time by dstemr (_ritz_dstemr) below. Time per call on Lanczos tridiagonals of
 # attention-like chains, dstemr / batched, ms, k = 24 | 100. CPU (1 thread, the
@@ -416,9 +450,17 @@ _TREE_ELEMENTS = 1 << 23
 _RITZ_GRAPHED = True
 _GRAPH_COUNTS = (64, 256, 512, 1024)
 _GRAPH_ROWS = 32
-# float64 elements of S per lockstep group: 10 MB, which the matrix-vector products
-# reread from the CPU's cache; on a GPU one group takes everything.
-_GROUP_ELEMENTS = {"cpu": 5 << 18, "cuda": 1 << 27}
+# Bytes of S per lockstep group: 10 MB (20 float64 or 40 float32 matrices of 256 x 256),
+# which the matrix-vector products reread from the CPU's cache; on a GPU one group takes
+# everything.
+_GROUP_BYTES = {"cpu": 10 << 20, "cuda": 1 << 30}
+
+
+def _lanczos_from(s: torch.Tensor) -> int:
+    """The width from which :func:`_chain_spectrum` solves ``s`` by Lanczos."""
+    if s.device.type == "cuda":
+        return LANCZOS_FROM_CUDA
+    return LANCZOS_FROM_FLOAT32 if s.dtype == torch.float32 else LANCZOS_FROM
 
 
 def _start_vector(m: int, device: torch.device) -> torch.Tensor:
@@ -442,9 +484,10 @@ def _lanczos_lambda2(
     steps: int | None = None,
 ) -> torch.Tensor:
     """The largest ``|eigenvalue|`` of ``s - top top^T`` for each of ``s`` ``(count, m, m)``
-    (symmetric float64, ``top`` ``(count, m)`` a unit eigenvector of it), by Lanczos.
+    (symmetric float64 or float32, ``top`` ``(count, m)`` a unit eigenvector of it), by
+    Lanczos; returned in float64.
 
-    Groups of matrices (:data:`_GROUP_ELEMENTS`) run in lockstep, one batched
+    Groups of matrices (:data:`_GROUP_BYTES`) run in lockstep, one batched
     matrix-vector product a step, ``S`` read in place (no copies). Each new vector
     is orthogonalised twice (Gram-Schmidt): against the two before it (the
     three-term recurrence, which gives ``alpha_k``), then against ``top`` and every
@@ -457,20 +500,23 @@ def _lanczos_lambda2(
     its residual should reach ``tol`` at the rate it fell, on multiples of
     :data:`_CHECK_GRID`): the two extreme eigenpairs ``(theta, y)`` of its
     tridiagonal ``T_k`` (:func:`_ritz_extremes`) give the residual bounds
-    ``beta_k |y_k|``; both below ``tol`` (default :data:`LANCZOS_TOL`), it is done
-    with ``max(|theta_min|, |theta_max|)``. A breakdown (``beta`` below
-    :data:`_BREAKDOWN`: the Krylov space is invariant, its Ritz values eigenvalues)
+    ``beta_k |y_k|``; both below ``tol`` (default :data:`LANCZOS_TOL`, in float32
+    :data:`LANCZOS_TOL_FLOAT32`), it is done with ``max(|theta_min|, |theta_max|)``.
+    A breakdown (``beta`` below :data:`_BREAKDOWN`, in float32
+    :data:`_BREAKDOWN_FLOAT32`: the Krylov space is invariant, its Ritz values eigenvalues)
     is done too. A finished matrix's slot takes the last running one (a copy), and
     the group shrinks. What is not done after ``steps`` steps (default
     :data:`LANCZOS_STEPS`) is solved by dense ``eigvalsh``, those matrices alone.
     ``s`` is overwritten (its matrices move within it).
     """
-    tol = LANCZOS_TOL if tol is None else tol
+    single = s.dtype == torch.float32
+    tol = (LANCZOS_TOL_FLOAT32 if single else LANCZOS_TOL) if tol is None else tol
     steps = LANCZOS_STEPS if steps is None else steps
     count, m = s.shape[0], s.shape[-1]
-    out = torch.empty(count, dtype=s.dtype, device=s.device)
+    out = torch.empty(count, dtype=torch.float64, device=s.device)
     steps = max(1, min(steps, m - 1))
-    size = max(1, _GROUP_ELEMENTS.get(s.device.type, _GROUP_ELEMENTS["cpu"]) // (m * m))
+    per = m * m * s.element_size()
+    size = max(1, _GROUP_BYTES.get(s.device.type, _GROUP_BYTES["cpu"]) // per)
     size = -(-count // -(-count // size)) if count else 1  # groups of even size
     start = _start_vector(m, s.device).to(s.dtype)
     for begin in range(0, count, size):
@@ -489,8 +535,10 @@ def _lanczos_group(
     q = q - top * (top * q).sum(-1, keepdim=True)
     norm = q.norm(dim=-1, keepdim=True)
     # nothing valid but top (rounding noise left): a zero vector, a breakdown at step 1
-    norm = torch.where(norm > 1e-8 * start.norm(dim=-1, keepdim=True), norm, torch.inf)
-    basis = torch.zeros((g, steps + 2, m), dtype=s.dtype, device=on)
+    single = s.dtype == torch.float32
+    small = _BREAKDOWN_FLOAT32 if single else 1e-8
+    norm = torch.where(norm > small * start.norm(dim=-1, keepdim=True), norm, torch.inf)
+    basis = torch.empty((g, steps + 2, m), dtype=s.dtype, device=on)  # rows written before read
     basis[:, 0] = top
     basis[:, 1] = q / norm
     # per step, (live, 1, 2) projections of S q_k on q_(k-1), q_k (alpha_k the second)
@@ -521,21 +569,26 @@ def _lanczos_group(
         alpha, beta = projections[0][..., 1], norms[0][..., 0]  # (live, k)
         check = np.flatnonzero(due <= k)
         at = torch.as_tensor(check, device=on)
-        value, residual = _ritz_extremes(alpha[at], beta[at])
+        alpha_at, beta_at = alpha[at].double(), beta[at].double()
+        if single:  # rounding noise, not a coupling: a breakdown
+            beta_at = torch.where(beta_at > _BREAKDOWN_FLOAT32, beta_at, 0.0)
+        value, residual = _ritz_extremes(alpha_at, beta_at)
         done = residual < tol
         result[lane[check[done]]] = value[torch.from_numpy(done)]
         late = check[~done]
         if k == steps:  # not certified: dense eigvalsh on those alone
             if late.size:
-                values = torch.linalg.eigvalsh(s[torch.as_tensor(late, device=on)]).cpu()
+                values = torch.linalg.eigvalsh(s[torch.as_tensor(late, device=on)].double()).cpu()
                 result[lane[late]] = torch.maximum(values[:, 0].abs(), values[:, -2].abs())
             break
         # the next check of the others: when their residual reaches tol at the rate it
         # fell since their last check (_SLOWEST at least), 2 to 16 steps on
         now = np.log10(np.maximum(residual[~done], 1e-300))
         rate = (before[late, 1] - now) / (k - before[late, 0])
-        rate = np.where(np.isfinite(rate), np.maximum(rate, _SLOWEST), _SLOWEST)
+        known = np.isfinite(rate)
+        rate = np.where(known, np.maximum(rate, _SLOWEST), _SLOWEST)
         wait = np.clip(np.ceil((now - np.log10(tol)) / rate), 2, 16).astype(int)
+        wait = np.where(known, wait, np.minimum(wait, _FIRST_WAIT))
         due[late] = np.minimum(k + wait, steps)
         before[late, 0], before[late, 1] = k, now
         if done.any():  # refill the finished slots with the last running ones, then shrink
@@ -1036,14 +1089,18 @@ def blank_reduction(batch: int, heads: int, width: int, device: Any) -> dict[str
 
 def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
     """The statistics of :func:`summarize_attention` for ``a`` ``(rows, heads, m, m)``
-    float64, row ``r``'s matrix in its top-left ``lengths[r]`` corner."""
+    (float32 or float64, :func:`reduce_dtype`; worked in that precision, returned in
+    float64), row ``r``'s matrix in its top-left ``lengths[r]`` corner."""
     m = a.shape[-1]
     i = torch.arange(m, device=a.device)
     valid = (i[None, :] < lengths[:, None])[:, None, :].to(a.dtype)  # (rows, 1, m)
     # in place on one copy (the read-out's own float64 passes over (rows, heads, m, m)
     # cost as much as the forward pass on long prompts); the masks are 0 or 1, so the
     # products are those of multiplying by each mask in turn, bit for bit
-    a = a.clamp(min=0.0).mul_(valid[..., :, None] * valid[..., None, :])
+    # both chains in one work array, [0] the attention and [1] without the sink, and
+    # their |lambda_2| in one batched solve (one Lanczos for both: half the steps)
+    pair = torch.empty((2, *a.shape), dtype=a.dtype, device=a.device)
+    a = torch.clamp(a, min=0.0, out=pair[0]).mul_(valid[..., :, None] * valid[..., None, :])
     sums = a.sum(-1, keepdim=True)
     a.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
     nan = torch.tensor(float("nan"), dtype=a.dtype, device=a.device)
@@ -1058,29 +1115,31 @@ def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict
     scale = torch.where(queries > 0, torch.log(keys), torch.ones_like(keys))
     entropy = (entropy_rows / scale * queries).sum(-1) / count
     sink = (a[..., :, 0] * queries).sum(-1) / count
-    lam, pi = _chain_spectrum(a, valid)
-    # causal: triangular, so the eigenvalues are the diagonal
-    moduli = (a.diagonal(dim1=-2, dim2=-1) if causal else torch.linalg.eigvals(a)).abs()
+    # causal: triangular, so the eigenvalues are the diagonal (else float64: a general
+    # eigenproblem, whose rounding float32 would magnify)
+    moduli = (a.diagonal(dim1=-2, dim2=-1) if causal else torch.linalg.eigvals(a.double())).abs()
     raw = moduli.topk(min(2, m), dim=-1).values[..., -1]
     # without the sink: token 0 dropped, rows renormalised, an empty row a self-loop
     rest = valid * (i >= 1).to(a.dtype)
-    b = a * (rest[..., :, None] * rest[..., None, :])
+    b = torch.mul(a, rest[..., :, None] * rest[..., None, :], out=pair[1])
     sums = b.sum(-1)
     empty = (sums <= 0) & (rest > 0)
     b.diagonal(dim1=-2, dim2=-1).add_(empty.to(a.dtype))
     sums = b.sum(-1, keepdim=True)
     b.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
-    lam_ns, pi_ns = _chain_spectrum(b, rest)
+    (lam, lam_ns), (pi, pi_ns) = _chain_spectrum(pair, torch.stack([valid, rest]))
+    del pair, a, b
     pi_ns = torch.where(rest > 0, pi_ns, nan)
-    return {
+    out = {
         "entropy": torch.where(several, entropy, nan),
         "sink_mass": torch.where(several, sink, nan),
-        "lambda2": torch.where(several, lam, nan),
-        "lambda2_nosink": torch.where((lengths > 2)[:, None], lam_ns, nan),
-        "raw_lambda2": torch.where(several, raw, nan),
+        "lambda2": torch.where(several, lam, float("nan")),
+        "lambda2_nosink": torch.where((lengths > 2)[:, None], lam_ns, float("nan")),
+        "raw_lambda2": torch.where(several, raw, float("nan")),
         "stationary": pi,
         "stationary_nosink": torch.where(several[..., None], pi_ns, nan),
     }
+    return {name: value.double() for name, value in out.items()}
 
 
 def _weights_of(output: Any) -> torch.Tensor | None:

@@ -24,17 +24,19 @@ the forward pass and reads the queries and keys instead:
   model's dtype. The statistics are those of the eager path's own reduction,
   on the same inputs: prompts of at most
   :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens several at once
-  (:func:`tokenfield.models.attention._reduce_padded`: ``|lambda_2|`` by batched
-  ``eigvalsh``, or from :data:`~tokenfield.models.attention.LANCZOS_FROM` tokens by
-  batched Lanczos that agrees with it to about ``1e-13``),
+  (:func:`tokenfield.models.attention._reduce_padded`, in float32 on the CPU and
+  float64 on a GPU (:data:`~tokenfield.models.attention.REDUCE_DTYPE`; float32
+  within about 5e-7 of the float64 reference): ``|lambda_2|`` by batched
+  ``eigvalsh``, or from :data:`~tokenfield.models.attention.LANCZOS_FROM_FLOAT32`
+  tokens (``LANCZOS_FROM`` in float64) by batched Lanczos),
   longer ones one at a time (:func:`~tokenfield.models.markov.summarize_attention`,
   Lanczos): row entropy, sink mass, ``|lambda_2|`` of the symmetrised chain with
   and without the sink, raw ``|lambda_2|``, the two stationary distributions.
 
 What is kept, while one block's statistics are computed: short prompts several
-at once, each in the corner of a ``(prompts, heads, m, m)`` float64 array of at
-most :data:`CHUNK_ELEMENTS` elements (64 MB; the eager path's reduction works on
-the same array); a longer prompt alone, its ``(heads, n, n)`` float32 weights and
+at once, each in the corner of a ``(prompts, heads, m, m)`` array of at
+most :data:`CHUNK_ELEMENTS` elements (32 MB in float32, 64 MB in float64; the eager
+path's reduction works on the same array); a longer prompt alone, its ``(heads, n, n)`` float32 weights and
 one head's float64 copy at a time; the logits a block of rows at a time
 (:data:`ROW_ELEMENTS`). Then only the ``O(heads * n)`` statistics: no block's
 weights outlive its reduction, nothing of size ``n x n`` is kept across blocks.
@@ -58,7 +60,7 @@ from typing import Any
 import torch
 
 from tokenfield.errors import ParameterError
-from tokenfield.models.attention import _reduce_padded, blank_reduction, fill_rows
+from tokenfield.models.attention import _reduce_padded, blank_reduction, fill_rows, reduce_dtype
 from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
 from tokenfield.models.sites import ModelSites, attention_modules
 
@@ -75,8 +77,8 @@ __all__ = [
 # queries and keys SDPA receives (each tested against the eager path).
 READOUT_FAMILIES = ("llama", "gpt2", "gpt_neox", "bert")
 READOUTS = ("auto", "sdpa", "eager")
-# Elements of one float64 (prompts, heads, m, m) array of short prompts (as the eager
-# path's reduction).
+# Elements of one (prompts, heads, m, m) array of short prompts (as the eager path's
+# reduction; float32 on the CPU, float64 on a GPU).
 CHUNK_ELEMENTS = 1 << 23
 # Elements of one block of float32 logits (heads, rows, n).
 ROW_ELEMENTS = 1 << 20
@@ -210,11 +212,11 @@ def _weights(
 ) -> torch.Tensor:
     """Scaled logits to attention weights as eager attention makes them: the soft cap,
     the mask (``visible`` False: ``-inf``), the softmax in float32, cast to the model's
-    ``dtype``; returned as float32."""
+    ``dtype``; returned as float32. ``logits`` (the caller's own) is overwritten."""
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     if visible is not None:
-        logits = logits.masked_fill(~visible, float("-inf"))
+        logits = logits.masked_fill_(~visible, float("-inf"))
     return torch.softmax(logits, dim=-1, dtype=torch.float32).to(dtype).float()
 
 
@@ -310,9 +312,12 @@ def short_weights(
         visible = torch.ones(1, m, m, dtype=torch.bool, device=device)
     visible = visible & inside[:, None, :]  # (rows, m, m): no key past the row's end
     weights = _weights(logits, visible[:, None], softcap, query.dtype)
+    weights = weights.to(reduce_dtype(device))
+    if all(spans[r][1] == m for r in rows):  # no padding: nothing to zero
+        return weights
     corner = (inside[:, :, None] & inside[:, None, :])[:, None]  # (rows, 1, m, m)
     # where, not a product: a padded query row may be all -inf (NaN after softmax)
-    return torch.where(corner, weights.double(), 0.0)
+    return torch.where(corner, weights, 0.0)
 
 
 def reduce_queries_keys(
