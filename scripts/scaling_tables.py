@@ -18,7 +18,9 @@ part, and as it was before issue 25);
 ``cpu2-attention-<tokens>.json`` are ``benchmarks/attention_readout.py --json`` there
 (``cpu2-attention-256-before-lanczos.json``: the same at 256 tokens with the dense
 ``|lambda_2|`` solver, quoted in the prose, not rendered;
-``cpu2-attention-256-threads2.json``: ``--threads 2``). ``h100-before-*`` were measured with the tracer as it was
+``cpu2-attention-256-threads2.json``: ``--threads 2``; ``cpu2-attention-<tokens>-float64.json``
+and ``cpu2-attention-256-threads2-float64.json``: the same before the CPU's reduction went to
+float32). ``h100-before-*`` were measured with the tracer as it was
 before the GPU capture without host waits (same benchmark, same machine kind).
 ``cpu2-rss.json`` is ``benchmarks/trace_streaming.py --rss-only --rss-20000 --json``
 (``cpu2-rss-variants.json``: its ``--rss-variants --json``), and
@@ -441,41 +443,50 @@ def attention_table(data: Path) -> list[str]:
     """``benchmarks/attention_readout.py --json``: ``--attention`` (queries and keys, and the
     old eager path) against a plain trace, per prompt length, all three in one run."""
     runs = [load(data, f"cpu2-attention-{tokens}") for tokens in ATTENTION_TOKENS]
+    before = [load(data, f"cpu2-attention-{tokens}-float64") for tokens in ATTENTION_TOKENS]
     first = runs[0]
     new, old = "attention (queries and keys)", "attention (eager)"
     lines = [
         f"SmolLM2, {first['prompts']} prompts of each length, positions all, batch size "
         f"{first['batch_size']}, {first['threads']} torch thread, median of {first['repeats']} "
         "rounds taken in turn, the three cases in the same run; ratios to the plain trace, "
-        "wall time (CPU time of the process in brackets):",
+        "wall time (CPU time of the process in brackets). The last ratio column is the same "
+        "benchmark with the float64 reduction the CPU used before (its own run, its own "
+        "plain trace):",
         "",
-        "| prompt tokens | plain trace | `--attention` (queries and keys, now) "
-        "| `--attention` (eager, before) | now / plain | before / plain "
-        "| eigensolves' share of now | largest difference now - before | load average |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| prompt tokens | plain trace | `--attention` (queries and keys) "
+        "| `--attention` (eager) | queries and keys / plain | eager / plain "
+        "| eigensolves' share (queries and keys) | largest difference between the paths "
+        "| load average | queries and keys / plain, float64 reduction |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for r in runs:
+    for r, b in zip(runs, before, strict=True):
         wall, cpu = r["wall_medians_s"], r["cpu_medians_s"]
         low, high = sorted((r["loadavg_before"][0], r["loadavg_after"][0]))
         lines.append(
             f"| {max(r['tokens'])} | {wall['plain']:.2f} s | {wall[new]:.2f} s "
             f"| {wall[old]:.2f} s "
-            f"| {wall[new] / wall['plain']:.2f}x ({cpu[new] / cpu['plain']:.2f}x) "
+            f"| **{wall[new] / wall['plain']:.2f}x** ({cpu[new] / cpu['plain']:.2f}x) "
             f"| {wall[old] / wall['plain']:.2f}x ({cpu[old] / cpu['plain']:.2f}x) "
             f"| {r['eigensolve_share'][new]:.0%} | {r['max_difference']:.1e} "
-            f"| {low:.1f} to {high:.1f} |"
+            f"| {low:.1f} to {high:.1f} "
+            f"| {b['wall_medians_s'][new] / b['wall_medians_s']['plain']:.2f}x |"
         )
-    two = load(data, "cpu2-attention-256-threads2")
-    wall, cpu = two["wall_medians_s"], two["cpu_medians_s"]
-    lines += [
-        "",
-        f"With {two['threads']} torch threads (both cores, as `tokenfield trace` uses them "
-        f"here), {max(two['tokens'])} tokens: plain {wall['plain']:.2f} s, `--attention` "
-        f"{wall[new]:.2f} s, **{wall[new] / wall['plain']:.2f}x** "
-        f"({cpu[new] / cpu['plain']:.2f}x in CPU time; eigensolves "
-        f"{two['eigensolve_share'][new]:.0%} of it): the forward pass gains more from the "
-        "second core than the read-out does.",
-    ]
+    lines.append("")
+    for name, when in (
+        ("cpu2-attention-256-threads2", "now"),
+        ("cpu2-attention-256-threads2-float64", "with the float64 reduction"),
+    ):
+        two = load(data, name)
+        wall, cpu = two["wall_medians_s"], two["cpu_medians_s"]
+        lines.append(
+            f"With {two['threads']} torch threads (both cores, as `tokenfield trace` uses them "
+            f"here), {max(two['tokens'])} tokens, {when}: plain {wall['plain']:.2f} s, "
+            f"`--attention` {wall[new]:.2f} s, **{wall[new] / wall['plain']:.2f}x** "
+            f"({cpu[new] / cpu['plain']:.2f}x in CPU time; eigensolves "
+            f"{two['eigensolve_share'][new]:.0%} of it)."
+        )
+    lines[-1] += " The forward pass gains more from the second core than the read-out does."
     return lines
 
 

@@ -3,10 +3,13 @@ its batched Ritz check (``_ritz_batched``) equals LAPACK's ``dstemr``, one at a 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
+from tokenfield.models import _lanczos_cpu as compiled
 from tokenfield.models import attention
 from tokenfield.models.attention import (
     LANCZOS_FROM,
@@ -63,7 +66,9 @@ def padded(chains: list[np.ndarray], width: int) -> tuple[torch.Tensor, torch.Te
 @pytest.mark.parametrize(("dtype", "tol"), PRECISIONS)
 def test_lanczos_equals_dense_on_padded_causal_chains(monkeypatch, dtype, tol):
     """Padded rows, a chain of 3 tokens and one of 2 (the Krylov space spent at once:
-    in float32 a breakdown among rounding noise) included."""
+    in float32 a breakdown among rounding noise) included. The batched torch Lanczos
+    in both precisions (float32: where numba is missing)."""
+    monkeypatch.setattr(attention, "_compiled", lambda: None)
     rng = np.random.default_rng(0)
     width = LANCZOS_FROM + 40
     lengths = (width, width - 7, LANCZOS_FROM, 60, 3, 2)
@@ -395,3 +400,107 @@ def test_a_chain_with_nothing_but_its_top_vector_has_lambda2_zero():
     top[0, 5] = 1.0
     valid = top.clone()
     assert float(_lanczos_lambda2(s, top, valid)[0]) == 0.0
+
+
+# The compiled CPU Lanczos (models/_lanczos_cpu.py): float32 chains, one at a time.
+
+
+def compiled_ritz(alpha: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_lanczos_cpu.ritz_check` of each row (no breakdown inside), as
+    :func:`_ritz_dstemr` returns it: values and residual bounds ``beta_k |y_k|``."""
+    plus, minus = np.empty(alpha.shape[1]), np.empty(alpha.shape[1])
+    checks = [
+        compiled.ritz_check(a, b, len(a), plus, minus) for a, b in zip(alpha, beta, strict=True)
+    ]
+    value = np.array([value for value, _ends in checks])
+    return value, beta[:, -1] * np.array([ends for _value, ends in checks])
+
+
+def test_the_compiled_ritz_check_equals_dstemr(lanczos_rows):
+    alpha, beta = lanczos_rows
+    for k in (1, 2, 5, 20, 24, 33, 40, 64, 100):
+        a, b = alpha[:, :k].copy(), beta[:, :k].copy()
+        expected = attention._ritz_dstemr(torch.from_numpy(a), torch.from_numpy(b))
+        assert_ritz_close(compiled_ritz(a, b), (expected[0].numpy(), expected[1]), f"k={k}")
+    for name, clustered, a, b in hard_tridiagonals():
+        if name in ("breakdowns", "alpha not finite"):  # the Lanczos stops before those
+            continue
+        if clustered:  # eigh's own vectors (a cluster's are not unique; dstemr picks others)
+            expected = dense_ritz(a, b)
+        else:
+            value, bound = attention._ritz_dstemr(torch.from_numpy(a), torch.from_numpy(b))
+            expected = (value.numpy(), bound)
+        assert_ritz_close(compiled_ritz(a, b), expected, name)
+
+
+def dense_ritz(alpha: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Values and residual bounds of each row's ``T_k`` by ``numpy.linalg.eigh``."""
+    values, bounds = [], []
+    for a, b in zip(alpha, beta, strict=True):
+        theta, y = np.linalg.eigh(np.diag(a) + np.diag(b[:-1], 1) + np.diag(b[:-1], -1))
+        values.append(max(abs(theta[0]), abs(theta[-1])))
+        bounds.append(b[-1] * max(abs(y[-1, 0]), abs(y[-1, -1])))
+    return np.array(values), np.array(bounds)
+
+
+def compiled_calls(monkeypatch) -> list[int]:
+    """Count the compiled kernel's calls (chains per call)."""
+    calls: list[int] = []
+    kernel = attention._compiled()
+    assert kernel is not None  # numba is a dependency
+
+    def chain_lambda2(a, *args):
+        calls.append(a.shape[0])
+        return kernel.chain_lambda2(a, *args)
+
+    monkeypatch.setattr(
+        attention, "_compiled", lambda: SimpleNamespace(chain_lambda2=chain_lambda2)
+    )
+    return calls
+
+
+def test_the_compiled_lanczos_equals_dense(monkeypatch):
+    """Padded causal chains, chains of 3 and 2 tokens, a chain that is not lower
+    triangular (read whole), a disconnected one (``|lambda_2| = 1``) and one whose
+    negative end wins: float32 chains, the compiled path, within float32's rounding."""
+    calls = compiled_calls(monkeypatch)
+    rng = np.random.default_rng(9)
+    width = attention.COMPILED_FROM + 90
+    chains = [causal_attention(n, rng)[0] for n in (width, width - 9, 60, 3, 2)]
+    full = np.exp(rng.normal(size=(width, width)) * 2)
+    chains.append(full / full.sum(1, keepdims=True))
+    split = np.zeros((width, width))
+    split[:50, :50] = causal_attention(50, rng)[0]  # two blocks that never read each other
+    split[50:, 50:] = causal_attention(width - 50, rng)[0]
+    chains.append(split)
+    i = np.arange(width)
+    weight = np.where((i[:, None] + i[None, :]) % 2 == 1, 1.0, 0.02) * rng.uniform(
+        size=(width, width)
+    )
+    chains.append(np.tril(weight) / np.tril(weight).sum(1, keepdims=True))
+    a, valid = padded(chains, width)
+    lam, pi = _chain_spectrum(a.float(), valid.float())
+    assert calls == [len(chains)]
+    expected = [dense(chain) for chain in chains]
+    assert expected[-2] == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(lam[:, 0].numpy(), expected, rtol=0, atol=TOL_FLOAT32)
+    _lam, pi64 = _chain_spectrum(a, valid)  # float64: the torch path
+    np.testing.assert_allclose(pi.numpy(), pi64.numpy(), rtol=0, atol=1e-7)
+
+
+def test_chains_the_compiled_lanczos_does_not_certify_are_solved_densely(monkeypatch):
+    calls = compiled_calls(monkeypatch)
+    monkeypatch.setattr(attention, "COMPILED_STEPS", 3)  # three steps certify nothing
+    rng = np.random.default_rng(10)
+    n = attention.COMPILED_FROM + 30
+    chains = list(causal_attention(n, rng, heads=4))
+    a, valid = padded(chains, n)
+    solved = []
+    eigvalsh = torch.linalg.eigvalsh
+    monkeypatch.setattr(
+        torch.linalg, "eigvalsh", lambda x: solved.append(x.shape[0]) or eigvalsh(x)
+    )
+    lam, _pi = _chain_spectrum(a.float(), valid.float())
+    assert calls == [4] and solved == [4]
+    expected = [dense(chain) for chain in chains]
+    np.testing.assert_allclose(lam[:, 0].numpy(), expected, rtol=0, atol=TOL_FLOAT32)

@@ -1,0 +1,298 @@
+"""``|lambda_2|`` of the symmetrised attention chains on the CPU, compiled (numba).
+
+The batched torch Lanczos of :func:`tokenfield.models.attention._lanczos_lambda2`
+runs every matrix of a group in lockstep, one batched matrix-vector product a
+step: each step rereads the whole group (megabytes) from the L3 cache, and each
+step and each Ritz check pays the interpreter. Here each matrix is done alone,
+from start to finish, while it sits in the core's L2 cache (a 256 x 256 float32
+matrix is 256 KB): its symmetrised ``S`` is built, the Lanczos runs, its Ritz
+values are checked, and the next matrix follows. Same method as the torch
+version: the deflated ``S - sqrt(pi) sqrt(pi)^T``, a fixed start vector, the
+Krylov vectors orthogonalised twice against all before them, done when the
+residual bounds ``beta_k |y_k|`` of both extreme Ritz pairs are below ``tol``.
+
+The Ritz checks solve only what they need of the tridiagonal ``T_k``: its extreme
+eigenvalues by bisection on Sturm counts, and the last components of their
+eigenvectors from a twisted factorisation at the largest diagonal of its inverse
+(as LAPACK's MRRR does), about 5 us a check where a dense ``eigh`` of ``T_k`` takes
+60 us at ``k = 30``. Where an extreme eigenvalue of ``T_k`` has a neighbour closer
+than :data:`CLUSTER` (its eigenvector is then ill-determined) the check falls back
+to ``numpy.linalg.eigh`` of ``T_k``.
+
+Compiled once per machine (``cache=True``, a few seconds the first time), without
+the interpreter lock held (``nogil``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# reassociation and contraction only: vectorised sums and fused multiply-adds, NaN and
+# infinity kept as IEEE has them
+_FAST = {"reassoc", "contract"}
+# a neighbouring eigenvalue of T_k closer than this to an extreme one (relative to the
+# spread of T_k): the check takes a dense eigh
+CLUSTER = 1e-6
+_BISECTIONS = 64  # halvings of the Gershgorin interval (to below float64 rounding)
+
+
+@njit(cache=True, nogil=True)
+def _count_below(alpha, beta2, k, x, pivot):  # pragma: no cover - compiled
+    """How many eigenvalues of ``T_k`` (diagonal ``alpha``, squared couplings
+    ``beta2``) are below ``x``: the negative pivots of ``T_k - x I = L D L^T``."""
+    count = 0
+    d = alpha[0] - x
+    if abs(d) < pivot:
+        d = -pivot
+    if d < 0.0:
+        count += 1
+    for i in range(1, k):
+        d = alpha[i] - x - beta2[i - 1] / d
+        if abs(d) < pivot:
+            d = -pivot
+        if d < 0.0:
+            count += 1
+    return count
+
+
+@njit(cache=True, nogil=True)
+def _eigenvalue(alpha, beta2, k, index, low, high, pivot):  # pragma: no cover
+    """The ``index``-th smallest eigenvalue of ``T_k`` in ``[low, high]``, by bisection."""
+    for _ in range(_BISECTIONS):
+        middle = 0.5 * (low + high)
+        if middle <= low or middle >= high:
+            break
+        if _count_below(alpha, beta2, k, middle, pivot) > index:
+            high = middle
+        else:
+            low = middle
+    return 0.5 * (low + high)
+
+
+@njit(cache=True, nogil=True)
+def _last_component(alpha, beta, k, theta, plus, minus, pivot):  # pragma: no cover
+    """``|y_k|`` of the unit eigenvector ``y`` of ``T_k`` for the eigenvalue ``theta``:
+    the twisted factorisation ``T_k - theta I = N_r D_r N_r^T`` at the index ``r``
+    where ``|gamma_r|`` (``1 / [(T - theta)^-1]_rr``) is smallest, ``z_r = 1``, the
+    other components by the two bidiagonal recurrences from ``r`` outward."""
+    plus[0] = alpha[0] - theta
+    if abs(plus[0]) < pivot:
+        plus[0] = -pivot
+    for i in range(1, k):
+        plus[i] = alpha[i] - theta - beta[i - 1] * beta[i - 1] / plus[i - 1]
+        if abs(plus[i]) < pivot:
+            plus[i] = -pivot
+    minus[k - 1] = alpha[k - 1] - theta
+    if abs(minus[k - 1]) < pivot:
+        minus[k - 1] = -pivot
+    for i in range(k - 2, -1, -1):
+        minus[i] = alpha[i] - theta - beta[i] * beta[i] / minus[i + 1]
+        if abs(minus[i]) < pivot:
+            minus[i] = -pivot
+    twist, smallest = 0, np.inf
+    for r in range(k):
+        gamma = abs(plus[r] + minus[r] - (alpha[r] - theta))
+        if gamma < smallest:
+            twist, smallest = r, gamma
+    # z_r = 1; above r: z_i = -beta_i / plus_i z_(i+1); below: z_(i+1) = -beta_i / minus_(i+1) z_i
+    norm2 = 1.0
+    z = 1.0
+    for i in range(twist - 1, -1, -1):
+        z = -beta[i] / plus[i] * z
+        norm2 += z * z
+    z = 1.0
+    last = 1.0
+    for i in range(twist, k - 1):
+        z = -beta[i] / minus[i + 1] * z
+        norm2 += z * z
+        last = z
+    if twist == k - 1:
+        last = 1.0
+    return abs(last) / np.sqrt(norm2)
+
+
+@njit(cache=True, nogil=True)
+def ritz_check(alpha, beta, k, plus, minus):  # pragma: no cover - compiled
+    """``(max(|theta_min|, |theta_max|), max(|y_k(theta_min)|, |y_k(theta_max)|))`` of
+    ``T_k`` (diagonal ``alpha[:k]``, couplings ``beta[:k - 1]``): the largest modulus of
+    its extreme eigenvalues and the larger last eigenvector component of the two
+    (times ``beta_k``: the residual bound)."""
+    if k == 1:
+        return abs(alpha[0]), 1.0
+    beta2 = np.empty(k)
+    low, high, largest = np.inf, -np.inf, 0.0
+    for i in range(k):
+        left = abs(beta[i - 1]) if i > 0 else 0.0
+        right = abs(beta[i]) if i < k - 1 else 0.0
+        low = min(low, alpha[i] - left - right)
+        high = max(high, alpha[i] + left + right)
+        if i < k - 1:
+            beta2[i] = beta[i] * beta[i]
+            largest = max(largest, beta2[i])
+    spread = max(high - low, 1e-300)
+    pivot = 1e-290 * max(1.0, largest)
+    low, high = low - 1e-12 * spread, high + 1e-12 * spread
+    smallest = _eigenvalue(alpha, beta2, k, 0, low, high, pivot)
+    biggest = _eigenvalue(alpha, beta2, k, k - 1, low, high, pivot)
+    # no other eigenvalue within CLUSTER of either end (two Sturm counts)
+    gap = CLUSTER * spread
+    apart = _count_below(alpha, beta2, k, smallest + gap, pivot) <= 1
+    apart = apart and _count_below(alpha, beta2, k, biggest - gap, pivot) >= k - 1
+    if k == 2 or apart:
+        ends = max(
+            _last_component(alpha, beta, k, smallest, plus, minus, pivot),
+            _last_component(alpha, beta, k, biggest, plus, minus, pivot),
+        )
+        return max(abs(smallest), abs(biggest)), ends
+    t = np.zeros((k, k))
+    for i in range(k):
+        t[i, i] = alpha[i]
+        if i < k - 1:
+            t[i, i + 1] = beta[i]
+            t[i + 1, i] = beta[i]
+    values, vectors = np.linalg.eigh(t)
+    ends = max(abs(vectors[k - 1, 0]), abs(vectors[k - 1, k - 1]))
+    return max(abs(values[0]), abs(values[k - 1])), ends
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _degrees(a, valid, root, pi, top):  # pragma: no cover - compiled
+    """``root = D^-1/2`` (``D`` the degrees ``(a + a^T) 1``, 1 where 0), ``pi`` (the
+    valid degrees, normalised) and ``top = sqrt(pi)`` of one chain ``a``. Returns
+    whether ``a`` is lower triangular (a causal chain: nothing above the diagonal)."""
+    m = a.shape[0]
+    degree = np.zeros(m)  # float64: a column's sum adds m terms one by one
+    above = np.float32(0.0)
+    for i in range(m):  # row sums and column sums, the rows in order
+        total = 0.0
+        for j in range(m):
+            total += a[i, j]
+            degree[j] += a[i, j]
+        for j in range(i + 1, m):
+            above += abs(a[i, j])
+        degree[i] += total
+    total = 0.0
+    for i in range(m):
+        if not degree[i] > 0.0:
+            degree[i] = 1.0
+        root[i] = 1.0 / np.sqrt(degree[i])
+        degree[i] *= valid[i]
+        total += degree[i]
+    for i in range(m):
+        pi[i] = degree[i] / total
+        top[i] = np.sqrt(pi[i]) if pi[i] == pi[i] else np.float32(0.0)
+    return above == 0.0
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _multiply(a, root, q, scaled, out, lower):  # pragma: no cover - compiled
+    """``out = S q`` for ``S = D^-1/2 (a + a^T) D^-1/2`` without forming ``S``: ``u =
+    D^-1/2 q``, then each row ``i`` of ``a`` once for both ``(a u)_i`` and the
+    ``u_i a[i, :]`` it adds to ``a^T u``. ``lower``: ``a`` is lower triangular (a
+    causal chain), only ``j <= i`` is read."""
+    m = a.shape[0]
+    for i in range(m):
+        scaled[i] = root[i] * q[i]
+        out[i] = 0.0
+    for i in range(m):
+        end = i + 1 if lower else m
+        row = a[i]
+        ui = scaled[i]
+        total = np.float32(0.0)
+        for j in range(end):
+            total += row[j] * scaled[j]
+            out[j] += row[j] * ui
+        out[i] += total
+    for i in range(m):
+        out[i] *= root[i]
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _lanczos(
+    a,
+    root,
+    lower,
+    top,
+    start,
+    tol,
+    steps,
+    first,
+    breakdown,
+    basis,
+    w,
+    scaled,
+    alpha,
+    beta,
+    plus,
+    minus,
+):  # pragma: no cover
+    """The largest ``|eigenvalue|`` of ``s - top top^T``; ``-1`` when not certified
+    within ``steps`` steps. Returns ``(value, steps taken)``."""
+    m = a.shape[0]
+    steps = min(steps, m - 1)
+    basis[0] = top
+    q = start - top * np.dot(top, start)
+    q = q - top * np.dot(top, q)
+    norm = np.sqrt(np.dot(q, q))
+    if not norm > breakdown * np.sqrt(np.dot(start, start)):
+        return 0.0, 0  # nothing valid but top: no eigenvalue left to bound
+    basis[1] = q / norm
+    due = first
+    last_step, last_log = -1, 0.0
+    for k in range(1, steps + 1):
+        _multiply(a, root, basis[k], scaled, w, lower)  # w = S q_k
+        # Gram-Schmidt twice against top and every q so far (alpha_k from the first)
+        b = basis[: k + 1]
+        c = b @ w
+        alpha[k - 1] = c[k]
+        w -= b.T @ c
+        c = b @ w
+        w -= b.T @ c
+        beta[k - 1] = np.sqrt(np.dot(w, w))
+        if not beta[k - 1] > breakdown:  # the Krylov space is spent: T_k is exact
+            value, _ends = ritz_check(alpha, beta, k, plus, minus)
+            return value, k
+        basis[k + 1] = w / np.float32(beta[k - 1])
+        if k < due and k < steps:
+            continue
+        value, ends = ritz_check(alpha, beta, k, plus, minus)
+        residual = beta[k - 1] * ends
+        if residual < tol:
+            return value, k
+        # the next check: when the residual reaches tol at the rate it fell (0.15
+        # decades a step at least), 2 to 8 steps on; 4 after the first
+        now = np.log10(max(residual, 1e-300))
+        wait = 4
+        if last_step >= 0:
+            rate = max((last_log - now) / (k - last_step), 0.15)
+            wait = min(max(int(np.ceil((now - np.log10(tol)) / rate)), 2), 8)
+        last_step, last_log = k, now
+        due = k + wait
+    return -1.0, steps
+
+
+@njit(cache=True, nogil=True)
+def chain_lambda2(
+    a, valid, start, tol, steps, first, breakdown, lam, pi, taken
+):  # pragma: no cover
+    """``|lambda_2|`` (into ``lam``, float64; ``-1`` where not certified), ``pi`` and the
+    Lanczos steps (``taken``) of each chain ``a[g]`` ``(m, m)`` float32 (zero outside
+    ``valid[g]``), one after another; a lower triangular chain (causal) is read below
+    its diagonal only."""
+    count, m = a.shape[0], a.shape[-1]
+    root = np.empty(m, dtype=np.float32)
+    top = np.empty(m, dtype=np.float32)
+    basis = np.empty((min(steps, m - 1) + 2, m), dtype=np.float32)
+    w = np.empty(m, dtype=np.float32)
+    scaled = np.empty(m, dtype=np.float32)
+    alpha = np.empty(steps + 1)
+    beta = np.empty(steps + 1)
+    plus = np.empty(steps + 1)
+    minus = np.empty(steps + 1)
+    for g in range(count):
+        lower = _degrees(a[g], valid[g], root, pi[g], top)
+        lam[g], taken[g] = _lanczos(
+            a[g], root, lower, top, start * valid[g], tol, steps, first, breakdown,
+            basis, w, scaled, alpha, beta, plus, minus,
+        )  # fmt: skip
