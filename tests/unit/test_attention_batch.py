@@ -70,11 +70,23 @@ def test_padding_junk_does_not_leak_into_the_statistics():
         np.testing.assert_allclose(noisy[name].numpy(), clean[name].numpy(), atol=TOL)
 
 
-def test_a_prompt_past_the_dense_limit_takes_the_reference_path():
+def test_a_prompt_past_the_dense_limit_is_reduced_alone_as_the_reference():
+    """The long prompt alone, a few heads at a time (float32 on the CPU), the short one
+    in the batch; every statistic of both as the reference."""
     n = DENSE_LIMIT + 2
-    weights, spans = padded_batch([n, 4], heads=1, causal=True)
+    weights, spans = padded_batch([n, 4], heads=3, causal=True)
     got = reduce_attention_batch(weights, spans, True)
-    expected = summarize_attention(weights[0, :, :n, :n].numpy(), causal=True)
-    np.testing.assert_allclose(got["lambda2"][0].numpy(), expected.lambda2, atol=TOL)
-    short = summarize_attention(weights[1, :, n - 4 :, n - 4 :].numpy(), causal=True)
-    np.testing.assert_allclose(got["lambda2_nosink"][1].numpy(), short.lambda2_nosink, atol=TOL)
+    for row, (offset, length) in enumerate(spans):
+        cut = weights[row, :, offset : offset + length, offset : offset + length].numpy()
+        expected = summarize_attention(cut, causal=True)
+        for name in PER_HEAD:
+            np.testing.assert_allclose(
+                got[name][row].numpy(), getattr(expected, name), atol=TOL_FLOAT32, err_msg=name
+            )
+        for name in PER_TOKEN:
+            np.testing.assert_allclose(
+                got[name][row, :, :length].numpy(),
+                getattr(expected, name),
+                atol=TOL_FLOAT32,
+                err_msg=name,
+            )

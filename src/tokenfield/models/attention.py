@@ -38,7 +38,14 @@ import torch
 
 from tokenfield.errors import UserError
 from tokenfield.models.hooks import Order, hooks
-from tokenfield.models.markov import PER_HEAD, PER_TOKEN, AttentionSummary, summarize_attention
+from tokenfield.models.markov import (
+    DENSE_LIMIT,
+    PER_HEAD,
+    PER_TOKEN,
+    AttentionSummary,
+    summarize_attention,
+    symmetrized_spectrum,
+)
 from tokenfield.models.sites import ATTENTION_PATHS, ModelSites, attention_modules
 
 __all__ = [
@@ -276,29 +283,17 @@ def reduce_attention_batch(
         Statistic -> ``(batch, heads)`` for each of ``PER_HEAD``, ``(batch, heads,
         width)`` for each of ``PER_TOKEN`` (token ``i`` of a row at index ``i``,
         ``width`` its longest span), float64. A row of more than
-        :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens, where the
-        reference solves by Lanczos, is reduced alone with :func:`summarize_attention`.
+        :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens is reduced alone
+        (:func:`reduce_long_row`).
     """
-    from tokenfield.models.markov import DENSE_LIMIT
-
     on = weights.device if weights.device.type in ("cpu", "cuda") else torch.device("cpu")
     batch, heads = int(weights.shape[0]), int(weights.shape[1])
     width = max(n for _offset, n in spans)
-    long = {
-        row: summarize_attention(
-            weights[row, :, offset : offset + n, offset : offset + n].to("cpu").float().numpy(),
-            causal=causal,
-        )
-        for row, (offset, n) in enumerate(spans)
-        if n > DENSE_LIMIT  # long: one prompt at a time, as the reference (Lanczos)
-    }
     out = blank_reduction(batch, heads, width, on)
-    for row, summary in long.items():
-        n = spans[row][1]
-        for name in PER_HEAD:
-            out[name][row] = torch.tensor(getattr(summary, name), device=on)
-        for name in PER_TOKEN:
-            out[name][row, :, :n] = torch.tensor(getattr(summary, name), device=on)
+    for row, (offset, n) in enumerate(spans):
+        if n > DENSE_LIMIT:  # long: one prompt at a time
+            part = slice(offset, offset + n)
+            reduce_long_row(out, row, weights[row, :, part, part], causal)
     short = [row for row, (_offset, n) in enumerate(spans) if n <= DENSE_LIMIT]
     if not short:
         return out
@@ -321,6 +316,36 @@ def reduce_attention_batch(
         ]  # (rows, heads, m, m): the one copy
         fill_rows(out, _reduce_padded(cut.to(on, reduce_dtype(on)), lengths, causal), chosen)
     return out
+
+
+def reduce_long_row(
+    out: dict[str, torch.Tensor], row: int, weights: torch.Tensor, causal: bool
+) -> None:
+    """Put the statistics of one prompt's ``weights`` ``(heads, n, n)`` (one longer than
+    :data:`~tokenfield.models.markov.DENSE_LIMIT`, reduced alone) into row ``row`` of
+    :func:`blank_reduction`'s ``out``. On the CPU by :func:`_reduce_padded` (float32, the
+    compiled Lanczos), as many heads at a time as :data:`_CHUNK_ELEMENTS` allows (one at
+    least); elsewhere by the reference :func:`summarize_attention`, one head at a time in
+    float64 on the host, ``|lambda_2|`` by ARPACK."""
+    on = out["stationary"].device
+    heads, n = int(weights.shape[0]), int(weights.shape[-1])
+    if on.type == "cpu":
+        step = max(1, _CHUNK_ELEMENTS // (n * n))
+        length = torch.tensor([n], device=on)
+        for first in range(0, heads, step):
+            chunk = weights[first : first + step].to(on, reduce_dtype(on))[None]
+            reduced = _reduce_padded(chunk, length, causal)
+            for name, value in reduced.items():
+                if name in PER_TOKEN:
+                    out[name][row, first : first + step, :n] = value[0]
+                else:
+                    out[name][row, first : first + step] = value[0]
+        return
+    summary = summarize_attention(weights.to("cpu").float().numpy(), causal=causal)
+    for name in PER_HEAD:
+        out[name][row] = torch.as_tensor(getattr(summary, name), device=on)
+    for name in PER_TOKEN:
+        out[name][row, :, :n] = torch.as_tensor(getattr(summary, name), device=on)
 
 
 def fill_rows(
@@ -424,7 +449,10 @@ def _compiled_spectrum(
         COMPILED_STEPS, _FIRST_CHECK_COMPILED, _BREAKDOWN_FLOAT32, lam, pi, taken,
     )  # fmt: skip
     late = np.flatnonzero(lam < 0)  # not certified: dense eigvalsh on those alone
-    if late.size:
+    if late.size and m > DENSE_LIMIT:  # long prompts (unpadded): the reference's ARPACK
+        for chain in late.tolist():
+            lam[chain] = symmetrized_spectrum(chains[chain].double().numpy())[0]
+    elif late.size:
         index = torch.from_numpy(late)
         s, _pi = _symmetrised(chains[index].double(), masks[index].double())
         values = torch.linalg.eigvalsh(s)

@@ -60,8 +60,14 @@ from typing import Any
 import torch
 
 from tokenfield.errors import ParameterError
-from tokenfield.models.attention import _reduce_padded, blank_reduction, fill_rows, reduce_dtype
-from tokenfield.models.markov import DENSE_LIMIT, PER_HEAD, PER_TOKEN, summarize_attention
+from tokenfield.models.attention import (
+    _reduce_padded,
+    blank_reduction,
+    fill_rows,
+    reduce_dtype,
+    reduce_long_row,
+)
+from tokenfield.models.markov import DENSE_LIMIT
 from tokenfield.models.sites import ModelSites, attention_modules
 
 __all__ = [
@@ -384,14 +390,8 @@ def reduce_queries_keys(
                 deferred.append((chosen, cut.to(on), lengths))
             else:
                 fill_rows(out, _reduce_padded(cut.to(on), lengths, causal), chosen)
-    # Long prompts one at a time, as the eager path: the reference reduction, one head
-    # at a time in float64, |lambda_2| by Lanczos.
+    # Long prompts one at a time, as the eager path (reduce_long_row).
     for row, (_offset, n) in enumerate(spans):
-        if n <= DENSE_LIMIT:
-            continue
-        summary = summarize_attention(weights_of(row).cpu().numpy(), causal=causal)
-        for name in PER_HEAD:
-            out[name][row] = torch.as_tensor(getattr(summary, name), device=on)
-        for name in PER_TOKEN:
-            out[name][row, :, :n] = torch.as_tensor(getattr(summary, name), device=on)
+        if n > DENSE_LIMIT:
+            reduce_long_row(out, row, weights_of(row), causal)
     return out
