@@ -90,3 +90,22 @@ def test_a_prompt_past_the_dense_limit_is_reduced_alone_as_the_reference():
                 atol=TOL_FLOAT32,
                 err_msg=name,
             )
+
+
+def test_rows_that_give_the_sink_nearly_everything_keep_the_sink_free_chain_exact():
+    """Rows with all but about 1e-10 of their mass on the sink: without the sink they are
+    renormalised by about 1e10 (the compiled path must not take that mass as the row's
+    sum minus its sink entry, which cancels in float32)."""
+    rng = np.random.default_rng(3)
+    n = 120
+    logits = rng.normal(size=(3, n, n))
+    logits[:, ::3, 0] += 26.0  # every third row: the sink holds 1 - 1e-10 of it
+    logits = np.where(np.tril(np.ones((n, n))) > 0, logits, -np.inf)
+    a = np.exp(logits - logits.max(-1, keepdims=True))
+    weights = (a / a.sum(-1, keepdims=True)).astype(np.float32)[None]
+    got = reduce_attention_batch(torch.from_numpy(weights), [(0, n)], True)
+    expected = summarize_attention(weights[0], causal=True)
+    for name in ("lambda2", "lambda2_nosink", "stationary_nosink"):
+        np.testing.assert_allclose(
+            got[name][0].numpy(), getattr(expected, name), atol=TOL_FLOAT32, err_msg=name
+        )

@@ -156,22 +156,55 @@ def ritz_check(alpha, beta, k, plus, minus):  # pragma: no cover - compiled
     return max(abs(values[0]), abs(values[k - 1])), ends
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST)
-def _degrees(a, valid, root, pi, top):  # pragma: no cover - compiled
-    """``root = D^-1/2`` (``D`` the degrees ``(a + a^T) 1``, 1 where 0), ``pi`` (the
-    valid degrees, normalised) and ``top = sqrt(pi)`` of one chain ``a``. Returns
-    whether ``a`` is lower triangular (a causal chain: nothing above the diagonal)."""
+@njit(cache=True, nogil=True)
+def _sink_free(a, valid, skip, scale, loop):  # pragma: no cover - compiled
+    """The chain ``B`` read from ``a``: ``B_ij = scale_i a_ij + loop_i [i = j]`` for ``i, j
+    >= skip``, zero elsewhere. ``skip = 0``: ``B = a``. ``skip = 1``: without the sink
+    (row and column 0 dropped, the rows renormalised, a row left empty a self-loop), as
+    :func:`tokenfield.models.markov.without_sink`."""
     m = a.shape[0]
-    degree = np.zeros(m)  # float64: a column's sum adds m terms one by one
-    above = np.float32(0.0)
-    for i in range(m):  # row sums and column sums, the rows in order
+    for i in range(m):
+        scale[i], loop[i] = np.float32(1.0 if skip == 0 else 0.0), np.float32(0.0)
+    if skip == 0:
+        return
+    for i in range(1, m):
         total = 0.0
-        for j in range(m):
+        for j in range(1, m):
             total += a[i, j]
-            degree[j] += a[i, j]
-        for j in range(i + 1, m):
-            above += abs(a[i, j])
-        degree[i] += total
+        if valid[i] > 0.0 and total > 0.0:
+            scale[i] = np.float32(1.0 / total)
+        elif valid[i] > 0.0:
+            loop[i] = np.float32(1.0)
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _degrees(a, valid, skip, scale, loop, root, pi, top):  # pragma: no cover - compiled
+    """``root = D^-1/2`` (``D`` the degrees ``(B + B^T) 1``, 1 where 0), ``pi`` (the valid
+    degrees, normalised) and ``top = sqrt(pi)`` of the chain ``B`` of :func:`_sink_free`.
+    Returns whether ``a`` is lower triangular (causal: nothing above the diagonal)."""
+    m = a.shape[0]
+    degree = np.zeros(m)  # float64: a column's sum adds m terms
+    block = np.zeros(m, dtype=np.float32)  # float32 sums of 32 rows at a time
+    above = np.float32(0.0)
+    # the inner loops start at 0 whatever skip (a variable start stops them being
+    # vectorised): row 0 has scale 0 when skipped, column 0 is taken out after
+    for i in range(m):  # row sums and column sums, the rows in order
+        total = np.float32(0.0)
+        factor = scale[i]
+        for j in range(m):  # (a >= 0: the sum above the diagonal is 0 only if all is)
+            total += a[i, j]
+            block[j] += a[i, j] * factor
+            above += a[i, j] * np.float32(j > i)
+        if skip:  # B's rows are normalised: 1 (not total - a[i, 0], which cancels
+            total = np.float32(1.0 if factor > 0.0 else 0.0)  # when the sink has it all)
+            factor = np.float32(1.0)
+        degree[i] += total * factor + 2.0 * loop[i]
+        if i % 32 == 31 or i == m - 1:
+            for j in range(m):
+                degree[j] += block[j]
+                block[j] = 0.0
+    if skip:
+        degree[0] = 0.0
     total = 0.0
     for i in range(m):
         if not degree[i] > 0.0:
@@ -186,24 +219,29 @@ def _degrees(a, valid, root, pi, top):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST)
-def _multiply(a, root, q, scaled, out, lower):  # pragma: no cover - compiled
-    """``out = S q`` for ``S = D^-1/2 (a + a^T) D^-1/2`` without forming ``S``: ``u =
-    D^-1/2 q``, then each row ``i`` of ``a`` once for both ``(a u)_i`` and the
-    ``u_i a[i, :]`` it adds to ``a^T u``. ``lower``: ``a`` is lower triangular (a
-    causal chain), only ``j <= i`` is read."""
+def _multiply(a, skip, scale, loop, root, q, scaled, out, lower):  # pragma: no cover
+    """``out = S q`` for ``S = D^-1/2 (B + B^T) D^-1/2`` (``B`` of :func:`_sink_free`)
+    without forming either: ``u = D^-1/2 q``, then each row ``i`` of ``a`` once for both
+    ``(B u)_i`` and the ``u_i B[i, :]`` it adds to ``B^T u``. ``lower``: ``a`` is lower
+    triangular (a causal chain), only ``j <= i`` is read."""
     m = a.shape[0]
     for i in range(m):
         scaled[i] = root[i] * q[i]
         out[i] = 0.0
-    for i in range(m):
+    if skip:  # column 0 out of the products (row 0 has scale 0)
+        scaled[0] = 0.0
+    for i in range(m):  # the inner loop from 0 whatever skip: vectorised
         end = i + 1 if lower else m
         row = a[i]
-        ui = scaled[i]
+        factor = scale[i]
+        ui = scaled[i] * factor
         total = np.float32(0.0)
         for j in range(end):
             total += row[j] * scaled[j]
             out[j] += row[j] * ui
-        out[i] += total
+        out[i] += total * factor + np.float32(2.0) * loop[i] * scaled[i]
+    if skip:
+        out[0] = 0.0
     for i in range(m):
         out[i] *= root[i]
 
@@ -211,6 +249,9 @@ def _multiply(a, root, q, scaled, out, lower):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, fastmath=_FAST)
 def _lanczos(
     a,
+    skip,
+    scale,
+    loop,
     root,
     lower,
     top,
@@ -241,7 +282,7 @@ def _lanczos(
     due = first
     last_step, last_log = -1, 0.0
     for k in range(1, steps + 1):
-        _multiply(a, root, basis[k], scaled, w, lower)  # w = S q_k
+        _multiply(a, skip, scale, loop, root, basis[k], scaled, w, lower)  # w = S q_k
         # Gram-Schmidt twice against top and every q so far (alpha_k from the first)
         b = basis[: k + 1]
         c = b @ w
@@ -274,12 +315,13 @@ def _lanczos(
 
 @njit(cache=True, nogil=True)
 def chain_lambda2(
-    a, valid, start, tol, steps, first, breakdown, lam, pi, taken
+    a, valid, skip, start, tol, steps, first, breakdown, lam, pi, taken
 ):  # pragma: no cover
     """``|lambda_2|`` (into ``lam``, float64; ``-1`` where not certified), ``pi`` and the
-    Lanczos steps (``taken``) of each chain ``a[g]`` ``(m, m)`` float32 (zero outside
-    ``valid[g]``), one after another; a lower triangular chain (causal) is read below
-    its diagonal only."""
+    Lanczos steps (``taken``) of the chain of each ``a[g]`` ``(m, m)`` float32 (zero
+    outside ``valid[g]``), one after another: ``a`` itself (``skip = 0``) or ``a``
+    without the sink (``skip = 1``, ``valid[g][0]`` 0; :func:`_sink_free`). A lower
+    triangular ``a`` (causal) is read below its diagonal only."""
     count, m = a.shape[0], a.shape[-1]
     root = np.empty(m, dtype=np.float32)
     top = np.empty(m, dtype=np.float32)
@@ -290,9 +332,26 @@ def chain_lambda2(
     beta = np.empty(steps + 1)
     plus = np.empty(steps + 1)
     minus = np.empty(steps + 1)
+    scale = np.empty(m, dtype=np.float32)
+    loop = np.empty(m, dtype=np.float32)
     for g in range(count):
-        lower = _degrees(a[g], valid[g], root, pi[g], top)
+        _sink_free(a[g], valid[g], skip, scale, loop)
+        lower = _degrees(a[g], valid[g], skip, scale, loop, root, pi[g], top)
         lam[g], taken[g] = _lanczos(
-            a[g], root, lower, top, start * valid[g], tol, steps, first, breakdown,
-            basis, w, scaled, alpha, beta, plus, minus,
+            a[g], skip, scale, loop, root, lower, top, start * valid[g], tol, steps, first,
+            breakdown, basis, w, scaled, alpha, beta, plus, minus,
         )  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def row_entropy(a, out):  # pragma: no cover - compiled
+    """``out[g, i] = -sum_j a[g, i, j] log a[g, i, j]`` over the entries above 0 (``0 log
+    0 = 0``), summed in float64."""
+    for g in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            total = 0.0
+            for j in range(a.shape[2]):
+                x = a[g, i, j]
+                if x > 0.0:
+                    total += x * np.log(x)
+            out[g, i] = -total

@@ -265,7 +265,7 @@ def prompt_weights(
     keys = key.transpose(-1, -2)  # (heads, head_dim, n)
     for start in range(0, n, step):
         stop = min(n, start + step)
-        logits = torch.matmul(query[:, start:stop], keys) * scaling  # (heads, rows, n)
+        logits = torch.matmul(query[:, start:stop], keys).mul_(scaling)  # (heads, rows, n)
         rows = None if visible is None else visible[start:stop]
         out[:, start:stop] = _weights(logits, rows, softcap, query.dtype)
     return out
@@ -306,7 +306,7 @@ def short_weights(
     # (rows, m, heads, head_dim) -> (rows, heads, m, head_dim)
     q = query[index[:, None], :, cols].transpose(1, 2)
     k = key[index[:, None], :, cols].transpose(1, 2)
-    logits = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (rows, heads, m, m)
+    logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)  # (rows, heads, m, m)
     if mask is not None:
         source = mask[index if mask.shape[0] > 1 else index.new_zeros(len(rows)), 0]
         visible = source[torch.arange(len(rows), device=device)[:, None, None],
