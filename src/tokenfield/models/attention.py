@@ -28,6 +28,7 @@ block's own heads for the effective-beta fit
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -597,12 +598,17 @@ def _start_vector(m: int, device: torch.device) -> torch.Tensor:
     """The Lanczos start vector of length ``m``: fixed pseudo-random numbers (its own
     generator, seeded 0, blocks of 4096), the same prefix for every ``m``, whatever the
     global random state."""
-    block = 4096
+    return _start_blocks(-(-m // 4096))[:m].to(device, copy=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _start_blocks(count: int) -> torch.Tensor:
+    """:func:`_start_vector`'s numbers, ``count`` blocks of 4096 (kept: the same every call)."""
     parts = [
-        torch.randn(block, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
-        for k in range(-(-m // block))
+        torch.randn(4096, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+        for k in range(count)
     ]
-    return torch.cat(parts)[:m].to(device)
+    return torch.cat(parts)
 
 
 def _lanczos_lambda2(
