@@ -1,6 +1,6 @@
 """Draw docs/attractors.png from the committed docs/data/attractors/*.json.
 
-    .venv/bin/python scripts/attractors_figure.py
+.venv/bin/python scripts/attractors_figure.py
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def findings_model(title: str, data: dict) -> list[str]:
         for i, b in enumerate(blocks)
     )
     first_flip = max(rates[0] for rates in trained["flip_rate"])
-    slopes = [10 ** m for m in trained["basin_different"]["log10_slope"]["mean"]]
+    slopes = [10**m for m in trained["basin_different"]["log10_slope"]["mean"]]
     line = linear_slope(trained["lambdas"])
     above = sum(1 for v in slopes if v > line)
     verdicts = "; ".join(item["text"] for item in data["verdicts"]["ftle"])

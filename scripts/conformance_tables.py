@@ -39,7 +39,9 @@ def cell(text: str) -> str:
 
 
 def render(result: dict, size: str) -> str:
-    command = "tokenfield theory conformance" + (" --quick" if size == "quick" else "") + " --out DIR"
+    command = (
+        "tokenfield theory conformance" + (" --quick" if size == "quick" else "") + " --out DIR"
+    )
     minutes = result["seconds"] / 60
     cpu = result.get("cpu_seconds")
     used = f", {cpu / 60:.1f} min of CPU time" if cpu is not None else ""

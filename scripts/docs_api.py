@@ -85,7 +85,12 @@ FLOOR_PACKAGES: dict[str, tuple[str, ...]] = {
     "particles": ("tokenfield.particles",),
     "meanfield": ("tokenfield.meanfield",),
     "steering": ("tokenfield.steering",),
-    "report": ("tokenfield.report", "tokenfield.viz", "tokenfield.plot", "tokenfield.pipelines.report"),
+    "report": (
+        "tokenfield.report",
+        "tokenfield.viz",
+        "tokenfield.plot",
+        "tokenfield.pipelines.report",
+    ),
 }
 
 

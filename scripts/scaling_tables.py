@@ -472,13 +472,13 @@ def attention_table(data: Path) -> list[str]:
             f"| {low:.1f} to {high:.1f} "
             f"| {b['wall_medians_s'][new] / b['wall_medians_s']['plain']:.2f}x |"
         )
-    lines.append("")
     for name, when in (
         ("cpu2-attention-256-threads2", "now"),
         ("cpu2-attention-256-threads2-float64", "with the float64 reduction"),
     ):
         two = load(data, name)
         wall, cpu = two["wall_medians_s"], two["cpu_medians_s"]
+        lines.append("")
         lines.append(
             f"With {two['threads']} torch threads (both cores, as `tokenfield trace` uses them "
             f"here), {max(two['tokens'])} tokens, {when}: plain {wall['plain']:.2f} s, "

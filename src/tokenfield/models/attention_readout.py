@@ -27,17 +27,21 @@ the forward pass and reads the queries and keys instead:
   (:func:`tokenfield.models.attention._reduce_padded`, in float32 on the CPU and
   float64 on a GPU (:data:`~tokenfield.models.attention.REDUCE_DTYPE`; float32
   within about 5e-7 of the float64 reference): ``|lambda_2|`` by batched
-  ``eigvalsh``, or from :data:`~tokenfield.models.attention.LANCZOS_FROM_FLOAT32`
-  tokens (``LANCZOS_FROM`` in float64) by batched Lanczos),
-  longer ones one at a time (:func:`~tokenfield.models.markov.summarize_attention`,
-  Lanczos): row entropy, sink mass, ``|lambda_2|`` of the symmetrised chain with
-  and without the sink, raw ``|lambda_2|``, the two stationary distributions.
+  ``eigvalsh``, or from :data:`~tokenfield.models.attention.COMPILED_FROM` tokens on
+  the CPU by the compiled Lanczos of :mod:`tokenfield.models._lanczos_cpu`, on a GPU
+  by the batched torch Lanczos),
+  longer ones one at a time (:func:`~tokenfield.models.attention.reduce_long_row`:
+  the same reduction a few heads at a time on the CPU, the reference
+  :func:`~tokenfield.models.markov.summarize_attention` on a GPU): row entropy, sink
+  mass, ``|lambda_2|`` of the symmetrised chain with and without the sink, raw
+  ``|lambda_2|``, the two stationary distributions.
 
 What is kept, while one block's statistics are computed: short prompts several
 at once, each in the corner of a ``(prompts, heads, m, m)`` array of at
 most :data:`CHUNK_ELEMENTS` elements (32 MB in float32, 64 MB in float64; the eager
-path's reduction works on the same array); a longer prompt alone, its ``(heads, n, n)`` float32 weights and
-one head's float64 copy at a time; the logits a block of rows at a time
+path's reduction works on the same array); a longer prompt alone, its ``(heads, n, n)``
+float32 weights and a copy of as many heads as fit in ``CHUNK_ELEMENTS`` (one at
+least; on a GPU one head's float64 copy); the logits a block of rows at a time
 (:data:`ROW_ELEMENTS`). Then only the ``O(heads * n)`` statistics: no block's
 weights outlive its reduction, nothing of size ``n x n`` is kept across blocks.
 The eager path holds, besides the same arrays, the whole batch's ``(batch, heads,
