@@ -101,13 +101,11 @@ def test_sliding_window_binds_in_the_tiny_gemma3():
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_lanczos_branch_equals_the_eager_path(kind, monkeypatch):
-    """Prompts longer than DENSE_LIMIT (lowered here to 6): both paths reduce them one at
-    a time, ``|lambda_2|`` by Lanczos."""
-    import tokenfield.models.attention_readout as readout
-    import tokenfield.models.markov as markov
+    """Prompts longer than the batched limit (lowered here to 6): both paths reduce them
+    one at a time (reduce_long_row), ``|lambda_2|`` by Lanczos."""
+    import tokenfield.models.attention as attention
 
-    monkeypatch.setattr(markov, "DENSE_LIMIT", 6)
-    monkeypatch.setattr(readout, "DENSE_LIMIT", 6)
+    monkeypatch.setattr(attention, "BATCHED_LIMIT_CPU", 6)
     model = _loaded(kind)
     assert _worst_difference(_traced(model, "auto", 4), _traced(model, "eager", 4)) <= EQUAL_TOL
 
@@ -120,15 +118,13 @@ def test_deferred_reduction_equals_the_eager_path(kind, defer_elements, dense_li
     """The GPU's schedule on the CPU: the short prompts' weights of every block wait
     and are reduced together (DEFER_ON), all at once, in several rounds (a small
     DEFER_ELEMENTS: a round whenever the waiting weights would exceed it), or beside
-    long prompts reduced at once (DENSE_LIMIT lowered to 6). Same statistics as the
+    long prompts reduced at once (the batched limit lowered to 6). Same statistics as the
     eager path, and as the read-out reducing each block at once."""
     import tokenfield.models.attention as attention
     import tokenfield.models.attention_readout as readout
-    import tokenfield.models.markov as markov
 
     if dense_limit is not None:
-        monkeypatch.setattr(markov, "DENSE_LIMIT", dense_limit)
-        monkeypatch.setattr(readout, "DENSE_LIMIT", dense_limit)
+        monkeypatch.setattr(attention, "BATCHED_LIMIT_CPU", dense_limit)
     model = _loaded(kind)
     at_once = _traced(model, "auto", 4)
     settled = []

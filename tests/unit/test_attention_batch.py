@@ -70,9 +70,11 @@ def test_padding_junk_does_not_leak_into_the_statistics():
         np.testing.assert_allclose(noisy[name].numpy(), clean[name].numpy(), atol=TOL)
 
 
-def test_a_prompt_past_the_dense_limit_is_reduced_alone_as_the_reference():
+def test_a_prompt_past_the_batched_limit_is_reduced_alone_as_the_reference(monkeypatch):
     """The long prompt alone, a few heads at a time (float32 on the CPU), the short one
-    in the batch; every statistic of both as the reference."""
+    in the batch; every statistic of both as the reference. The heads in two chunks."""
+    monkeypatch.setattr(attention, "_CHUNK_ELEMENTS", 2 * (DENSE_LIMIT + 2) ** 2)
+    monkeypatch.setattr(attention, "BATCHED_LIMIT_CPU", DENSE_LIMIT)
     n = DENSE_LIMIT + 2
     weights, spans = padded_batch([n, 4], heads=3, causal=True)
     got = reduce_attention_batch(weights, spans, True)

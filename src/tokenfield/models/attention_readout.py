@@ -23,7 +23,7 @@ the forward pass and reads the queries and keys instead:
   ``softmax(q k^T * scaling (+ soft cap) + mask)`` in float32, cast to the
   model's dtype. The statistics are those of the eager path's own reduction,
   on the same inputs: prompts of at most
-  :data:`~tokenfield.models.markov.DENSE_LIMIT` tokens several at once
+  :func:`~tokenfield.models.attention.batched_limit` tokens several at once
   (:func:`tokenfield.models.attention._reduce_padded`, in float32 on the CPU and
   float64 on a GPU (:data:`~tokenfield.models.attention.REDUCE_DTYPE`; float32
   within about 5e-7 of the float64 reference): ``|lambda_2|`` by batched
@@ -66,12 +66,12 @@ import torch
 from tokenfield.errors import ParameterError
 from tokenfield.models.attention import (
     _reduce_padded,
+    batched_limit,
     blank_reduction,
     fill_rows,
     reduce_dtype,
     reduce_long_row,
 )
-from tokenfield.models.markov import DENSE_LIMIT
 from tokenfield.models.sites import ModelSites, attention_modules
 
 __all__ = [
@@ -382,7 +382,7 @@ def reduce_queries_keys(
     # Short prompts, as the eager path reduces them: several at once, each in the
     # top-left corner of a (rows, heads, m, m) float64 array, |lambda_2| batched;
     # with ``deferred``, the arrays are handed over unreduced.
-    short = [row for row, (_offset, n) in enumerate(spans) if n <= DENSE_LIMIT]
+    short = [row for row, (_offset, n) in enumerate(spans) if n <= batched_limit(on)]
     if short:
         m = max(spans[row][1] for row in short)
         step = max(1, CHUNK_ELEMENTS // (heads * m * m))
@@ -396,6 +396,6 @@ def reduce_queries_keys(
                 fill_rows(out, _reduce_padded(cut.to(on), lengths, causal), chosen)
     # Long prompts one at a time, as the eager path (reduce_long_row).
     for row, (_offset, n) in enumerate(spans):
-        if n > DENSE_LIMIT:
+        if n > batched_limit(on):
             reduce_long_row(out, row, weights_of(row), causal)
     return out
