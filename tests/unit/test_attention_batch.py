@@ -46,6 +46,12 @@ def test_batched_reduction_equals_the_reference_per_prompt_and_head(
     lengths = [1, 2, 3, 7, 12, 5]
     weights, spans = padded_batch(lengths, heads=4, causal=causal, left=causal)
     got = reduce_attention_batch(weights, spans, causal)
+    assert_every_prompt_as_the_reference(got, weights, spans, causal, tol)
+
+
+def assert_every_prompt_as_the_reference(got, weights, spans, causal, tol):
+    """Every statistic of every prompt of ``got`` within ``tol`` of
+    :func:`summarize_attention` of that prompt's block alone."""
     for row, (offset, n) in enumerate(spans):
         cut = weights[row, :, offset : offset + n, offset : offset + n].numpy()
         expected = summarize_attention(cut, causal=causal)
@@ -78,20 +84,7 @@ def test_a_prompt_past_the_batched_limit_is_reduced_alone_as_the_reference(monke
     n = DENSE_LIMIT + 2
     weights, spans = padded_batch([n, 4], heads=3, causal=True)
     got = reduce_attention_batch(weights, spans, True)
-    for row, (offset, length) in enumerate(spans):
-        cut = weights[row, :, offset : offset + length, offset : offset + length].numpy()
-        expected = summarize_attention(cut, causal=True)
-        for name in PER_HEAD:
-            np.testing.assert_allclose(
-                got[name][row].numpy(), getattr(expected, name), atol=TOL_FLOAT32, err_msg=name
-            )
-        for name in PER_TOKEN:
-            np.testing.assert_allclose(
-                got[name][row, :, :length].numpy(),
-                getattr(expected, name),
-                atol=TOL_FLOAT32,
-                err_msg=name,
-            )
+    assert_every_prompt_as_the_reference(got, weights, spans, True, TOL_FLOAT32)
 
 
 def test_rows_that_give_the_sink_nearly_everything_keep_the_sink_free_chain_exact():
