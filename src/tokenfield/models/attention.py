@@ -270,10 +270,10 @@ def reduce_attention_batch(
 ) -> dict[str, torch.Tensor]:
     """:func:`~tokenfield.models.markov.summarize_attention` of every prompt of a
     padded batch at once, on the weights' device, in :func:`reduce_dtype` (float32 on
-    the CPU), batched over prompts and heads (``|lambda_2|`` by
-    :func:`_chain_spectrum`: batched dense ``eigvalsh``, or batched Lanczos from
-    :data:`LANCZOS_FROM_FLOAT32` tokens, :data:`LANCZOS_FROM` in float64), no Python
-    loop over either.
+    the CPU), batched over prompts and heads (``|lambda_2|`` by :func:`_reduce_padded`'s
+    solvers: dense ``eigvalsh`` on short prompts; from :data:`COMPILED_FROM` tokens the
+    compiled Lanczos on the CPU, one chain after another; the batched torch Lanczos on a
+    GPU), no Python loop over either.
 
     Args:
         weights: ``(batch, heads, seq, seq)`` one block's attention of a padded batch.
