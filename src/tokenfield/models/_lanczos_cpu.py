@@ -151,8 +151,6 @@ def _last_component(alpha, beta, k, theta, plus, minus, pivot):  # pragma: no co
         z = -beta[i] / minus[i + 1] * z
         norm2 += z * z
         last = z
-    if twist == k - 1:
-        last = 1.0
     return abs(last) / np.sqrt(norm2)
 
 

@@ -412,10 +412,17 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
             top.reshape(-1, m),
             valid.to(s.dtype).expand(*shape, m).reshape(-1, m),
         ).reshape(shape)
-    else:  # float64 whatever the work array's precision (float32: off by up to 5e-6)
-        values = torch.linalg.eigvalsh(s.double())  # ascending; the last is 1
-        lam = torch.maximum(values[..., 0].abs(), values[..., -2].abs())
+    else:
+        lam = _dense_lambda2(s)
     return lam.clamp(max=1.0), pi
+
+
+def _dense_lambda2(s: torch.Tensor) -> torch.Tensor:
+    """``|lambda_2| = max(|lambda_min|, |lambda_(n-1)|)`` of each symmetrised ``S``
+    ``(..., m, m)`` (top eigenvalue 1) by dense ``eigvalsh``, in float64 whatever the
+    precision of ``s`` (float32: off by up to 5e-6)."""
+    values = torch.linalg.eigvalsh(s.double())  # ascending; the last is 1
+    return torch.maximum(values[..., 0].abs(), values[..., -2].abs())
 
 
 def _row_entropy(a: torch.Tensor) -> torch.Tensor:
@@ -500,8 +507,7 @@ def _compiled_spectrum(
         if skip:
             late_chains = _sink_free(late_chains, late_masks)
         s, _pi = _symmetrised(late_chains, late_masks)
-        values = torch.linalg.eigvalsh(s)
-        lam[late] = torch.maximum(values[:, 0].abs(), values[:, -2].abs()).numpy()
+        lam[late] = _dense_lambda2(s).numpy()
     out = torch.from_numpy(lam).clamp(max=1.0).reshape(shape)
     return out, torch.from_numpy(pi).reshape(*shape, m)
 
@@ -722,8 +728,7 @@ def _lanczos_group(
         late = check[~done]
         if k == steps:  # not certified: dense eigvalsh on those alone
             if late.size:
-                values = torch.linalg.eigvalsh(s[torch.as_tensor(late, device=on)].double()).cpu()
-                result[lane[late]] = torch.maximum(values[:, 0].abs(), values[:, -2].abs())
+                result[lane[late]] = _dense_lambda2(s[torch.as_tensor(late, device=on)]).cpu()
             break
         # the next check of the others: when their residual reaches tol at the rate it
         # fell since their last check (_SLOWEST at least), 2 to 16 steps on
