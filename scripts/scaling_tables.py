@@ -20,7 +20,8 @@ part, and as it was before issue 25);
 ``|lambda_2|`` solver, quoted in the prose, not rendered;
 ``cpu2-attention-256-threads2.json``: ``--threads 2``; ``cpu2-attention-<tokens>-float64.json``
 and ``cpu2-attention-256-threads2-float64.json``: the same before the CPU's reduction went to
-float32). ``h100-before-*`` were measured with the tracer as it was
+float32; ``*-whole-rows.json``: the same with the float32 reduction before the weights were
+built in causal blocks, the chains split over the threads and the logarithms vectorised). ``h100-before-*`` were measured with the tracer as it was
 before the GPU capture without host waits (same benchmark, same machine kind).
 ``cpu2-rss.json`` is ``benchmarks/trace_streaming.py --rss-only --rss-20000 --json``
 (``cpu2-rss-variants.json``: its ``--rss-variants --json``), and
@@ -444,23 +445,27 @@ def attention_table(data: Path) -> list[str]:
     old eager path) against a plain trace, per prompt length, all three in one run."""
     runs = [load(data, f"cpu2-attention-{tokens}") for tokens in ATTENTION_TOKENS]
     before = [load(data, f"cpu2-attention-{tokens}-float64") for tokens in ATTENTION_TOKENS]
+    whole = [load(data, f"cpu2-attention-{tokens}-whole-rows") for tokens in ATTENTION_TOKENS]
     first = runs[0]
     new, old = "attention (queries and keys)", "attention (eager)"
     lines = [
         f"SmolLM2, {first['prompts']} prompts of each length, positions all, batch size "
         f"{first['batch_size']}, {first['threads']} torch thread, median of {first['repeats']} "
         "rounds taken in turn, the three cases in the same run; ratios to the plain trace, "
-        "wall time (CPU time of the process in brackets). The last ratio column is the same "
-        "benchmark with the float64 reduction the CPU used before (its own run, its own "
-        "plain trace):",
+        "wall time (CPU time of the process in brackets). The last two ratio columns are the "
+        "same benchmark with earlier code, each its own run with its own plain trace: the "
+        "float32 reduction before the weights were built in causal blocks, the chains split "
+        "over the threads and the logarithms vectorised ('whole rows'), and the float64 "
+        "reduction before that:",
         "",
         "| prompt tokens | plain trace | `--attention` (queries and keys) "
         "| `--attention` (eager) | queries and keys / plain | eager / plain "
         "| eigensolves' share (queries and keys) | largest difference between the paths "
-        "| load average | queries and keys / plain, float64 reduction |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| load average | queries and keys / plain, whole rows "
+        "| queries and keys / plain, float64 reduction |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
-    for r, b in zip(runs, before, strict=True):
+    for r, w, b in zip(runs, whole, before, strict=True):
         wall, cpu = r["wall_medians_s"], r["cpu_medians_s"]
         low, high = sorted((r["loadavg_before"][0], r["loadavg_after"][0]))
         lines.append(
@@ -470,10 +475,12 @@ def attention_table(data: Path) -> list[str]:
             f"| {wall[old] / wall['plain']:.2f}x ({cpu[old] / cpu['plain']:.2f}x) "
             f"| {r['eigensolve_share'][new]:.0%} | {r['max_difference']:.1e} "
             f"| {low:.1f} to {high:.1f} "
+            f"| {w['wall_medians_s'][new] / w['wall_medians_s']['plain']:.2f}x "
             f"| {b['wall_medians_s'][new] / b['wall_medians_s']['plain']:.2f}x |"
         )
     for name, when in (
         ("cpu2-attention-256-threads2", "now"),
+        ("cpu2-attention-256-threads2-whole-rows", "with whole rows (the chains on one core)"),
         ("cpu2-attention-256-threads2-float64", "with the float64 reduction"),
     ):
         two = load(data, name)
@@ -486,7 +493,6 @@ def attention_table(data: Path) -> list[str]:
             f"({cpu[new] / cpu['plain']:.2f}x in CPU time; eigensolves "
             f"{two['eigensolve_share'][new]:.0%} of it)."
         )
-    lines[-1] += " The forward pass gains more from the second core than the read-out does."
     return lines
 
 

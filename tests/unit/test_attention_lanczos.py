@@ -504,3 +504,73 @@ def test_chains_the_compiled_lanczos_does_not_certify_are_solved_densely(monkeyp
     assert calls == [4] and solved == [4]
     expected = [dense(chain) for chain in chains]
     np.testing.assert_allclose(lam[:, 0].numpy(), expected, rtol=0, atol=TOL_FLOAT32)
+
+
+def test_the_compiled_logarithm_is_within_two_ulp():
+    """Cephes' ``logf`` polynomial (:func:`_lanczos_cpu._log`) against float64 ``log``,
+    from the smallest normal float32 to 1 and around its branch at ``sqrt(1/2)``."""
+    x = np.concatenate(
+        [
+            np.logspace(-37.9, 0, 20001),
+            np.linspace(0.70, 0.72, 2001),
+            np.random.default_rng(11).uniform(1e-6, 1, 5000),
+        ]
+    ).astype(np.float32)
+    mantissa, exponent = np.frexp(x)  # x = mantissa * 2^exponent, mantissa in [0.5, 1)
+    got = np.array(
+        [
+            compiled._log(np.float32(f), np.float32(e))
+            for f, e in zip(mantissa, exponent, strict=True)
+        ]
+    )
+    exact = np.log(x.astype(np.float64))
+    ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got - exact) / np.maximum(ulp, np.spacing(np.float32(0.5)))) <= 2.0
+
+
+def test_the_compiled_row_entropy_equals_float64():
+    """Causal rows (read to the diagonal), full rows, rows with zeros and subnormal
+    entries, an all-zero row: ``-sum a log a`` within float32's rounding of the sums."""
+    rng = np.random.default_rng(12)
+    n = 200
+    causal = causal_attention(n, rng, heads=3)
+    full = np.exp(rng.normal(size=(2, n, n)) * 3)
+    full /= full.sum(-1, keepdims=True)
+    odd = causal_attention(n, rng, heads=1)
+    odd[0, 5:, 1] = 1e-42  # subnormal float32
+    odd[0, 7] = 0.0
+    odd[0, 50, 120] = 0.25  # one entry above the diagonal: that row is read whole
+    a = np.concatenate([causal, full, odd]).astype(np.float32)
+    out = np.empty(a.shape[:2], dtype=np.float32)
+    compiled.row_entropy(a, out)
+    x = a.astype(np.float64)
+    expected = -np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0).sum(-1)
+    assert out[-1, 7] == 0.0
+    np.testing.assert_allclose(out, expected, rtol=0, atol=TOL_FLOAT32)
+
+
+def test_the_chains_split_over_threads_give_the_same_numbers(monkeypatch):
+    """Two torch threads: the compiled kernels run on two runs of the chains at once
+    (``_in_threads``); the numbers are those of one thread, bit for bit."""
+    rng = np.random.default_rng(13)
+    n = attention.COMPILED_FROM + 20
+    a, valid = padded(list(causal_attention(n, rng, heads=5)), n)
+    a = a.reshape(5, 1, n, n).float()
+    valid = valid.reshape(5, 1, n).float()
+    one = (_chain_spectrum(a, valid), attention._row_entropy(a))
+    calls = compiled_calls(monkeypatch)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lam, pi = _chain_spectrum(a, valid)
+    finally:
+        torch.set_num_threads(before)
+    assert sorted(calls) == [2, 3]  # 5 chains: runs of 3 and 2, one to a thread
+    assert torch.equal(lam, one[0][0]) and torch.equal(pi, one[0][1])
+    monkeypatch.undo()
+    torch.set_num_threads(2)
+    try:
+        entropy = attention._row_entropy(a)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(entropy, one[1])

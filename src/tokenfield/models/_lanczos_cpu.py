@@ -19,8 +19,14 @@ of ``T_k`` takes 57 us at ``k = 30`` (20 us with bisection alone). Where an extr
 than :data:`CLUSTER` (its eigenvector is then ill-determined) the check falls back
 to ``numpy.linalg.eigh`` of ``T_k``.
 
+The matrix-vector product of a causal chain takes its rows four at a time
+(:func:`_four_rows`), so that each load of the vectors serves four rows. The row
+entropies (:func:`row_entropy`) take their logarithms from the float32 bits and a
+polynomial (:func:`_log`), which vectorises where libm's ``logf`` does not.
+
 Compiled once per machine (``cache=True``, a few seconds the first time), without
-the interpreter lock held (``nogil``).
+the interpreter lock held (``nogil``): the callers split the chains over the torch
+threads (:func:`tokenfield.models.attention._in_threads`).
 """
 
 from __future__ import annotations
@@ -198,7 +204,7 @@ def ritz_check(alpha, beta, k, plus, minus):  # pragma: no cover - compiled
     return max(abs(values[0]), abs(values[k - 1])), ends
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def _sink_free(a, valid, skip, scale, loop):  # pragma: no cover - compiled
     """The chain ``B`` read from ``a``: ``B_ij = scale_i a_ij + loop_i [i = j]`` for ``i, j
     >= skip``, zero elsewhere. ``skip = 0``: ``B = a``. ``skip = 1``: without the sink
@@ -210,9 +216,9 @@ def _sink_free(a, valid, skip, scale, loop):  # pragma: no cover - compiled
     if skip == 0:
         return
     for i in range(1, m):
-        total = 0.0
-        for j in range(1, m):
-            total += a[i, j]
+        total = np.float32(0.0)
+        for j in range(m):  # from 0 (vectorised), column 0 masked out
+            total += a[i, j] * np.float32(j > 0)
         if valid[i] > 0.0 and total > 0.0:
             scale[i] = np.float32(1.0 / total)
         elif valid[i] > 0.0:
@@ -261,6 +267,36 @@ def _degrees(a, valid, skip, scale, loop, root, pi, top):  # pragma: no cover - 
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST)
+def _four_rows(a, i, scale, loop, scaled, out):  # pragma: no cover - compiled
+    """:func:`_multiply`'s rows ``i .. i + 3`` of a lower triangular ``a`` together: below
+    the four diagonals one pass over the columns ``j < i`` for the four rows, each
+    ``out[j]`` and ``scaled[j]`` loaded once for all four (a third fewer loads than row
+    by row: 22 against 33 us for a 512-token chain), then the 4 x 4 corner."""
+    r0, r1, r2, r3 = a[i], a[i + 1], a[i + 2], a[i + 3]
+    f0, f1, f2, f3 = scale[i], scale[i + 1], scale[i + 2], scale[i + 3]
+    u0, u1 = scaled[i] * f0, scaled[i + 1] * f1
+    u2, u3 = scaled[i + 2] * f2, scaled[i + 3] * f3
+    t0, t1 = np.float32(0.0), np.float32(0.0)
+    t2, t3 = np.float32(0.0), np.float32(0.0)
+    for j in range(i):
+        s = scaled[j]
+        t0 += r0[j] * s
+        t1 += r1[j] * s
+        t2 += r2[j] * s
+        t3 += r3[j] * s
+        out[j] += r0[j] * u0 + r1[j] * u1 + r2[j] * u2 + r3[j] * u3
+    totals = (t0, t1, t2, t3)
+    ups = (u0, u1, u2, u3)
+    for r in range(4):  # the corner: row i + r, columns i .. i + r
+        row = a[i + r]
+        total = totals[r]
+        for j in range(i, i + r + 1):
+            total += row[j] * scaled[j]
+            out[j] += row[j] * ups[r]
+        out[i + r] += total * scale[i + r] + np.float32(2.0) * loop[i + r] * scaled[i + r]
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def _multiply(a, skip, scale, loop, root, q, scaled, out, lower):  # pragma: no cover
     """``out = S q`` for ``S = D^-1/2 (B + B^T) D^-1/2`` (``B`` of :func:`_sink_free`)
     without forming either: ``u = D^-1/2 q``, then each row ``i`` of ``a`` once for both
@@ -272,7 +308,12 @@ def _multiply(a, skip, scale, loop, root, q, scaled, out, lower):  # pragma: no 
         out[i] = 0.0
     if skip:  # column 0 out of the products (row 0 has scale 0)
         scaled[0] = 0.0
-    for i in range(m):  # the inner loop from 0 whatever skip: vectorised
+    first = 0
+    if lower:  # four rows at a time: each load of out[j] and scaled[j] serves four rows
+        while first + 4 <= m:
+            _four_rows(a, first, scale, loop, scaled, out)
+            first += 4
+    for i in range(first, m):  # the inner loop from 0 whatever skip: vectorised
         end = i + 1 if lower else m
         row = a[i]
         factor = scale[i]
@@ -385,15 +426,51 @@ def chain_lambda2(
         )  # fmt: skip
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
+def _log(mantissa, exponent):  # pragma: no cover - compiled
+    """``log x`` in float32 for ``x = mantissa * 2^exponent``, ``mantissa`` in ``[0.5,
+    1)``: Cephes' ``logf`` (a degree-9 polynomial in ``mantissa - 1`` on ``[sqrt(1/2),
+    sqrt(2))``, ``log 2`` in two parts), within 2 ulp. No call to libm's ``logf``, so
+    a row's logarithms are vectorised."""
+    small = mantissa < np.float32(0.70710677)
+    e = exponent - np.float32(1.0) if small else exponent
+    x = mantissa + mantissa - np.float32(1.0) if small else mantissa - np.float32(1.0)
+    z = x * x
+    y = np.float32(7.0376836292e-2) * x - np.float32(1.1514610310e-1)
+    y = y * x + np.float32(1.1676998740e-1)
+    y = y * x - np.float32(1.2420140846e-1)
+    y = y * x + np.float32(1.4249322787e-1)
+    y = y * x - np.float32(1.6668057665e-1)
+    y = y * x + np.float32(2.0000714765e-1)
+    y = y * x - np.float32(2.4999993993e-1)
+    y = y * x + np.float32(3.3333331174e-1)
+    y = y * x * z + np.float32(-2.12194440e-4) * e - np.float32(0.5) * z
+    return x + y + np.float32(0.693359375) * e
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def row_entropy(a, out):  # pragma: no cover - compiled
     """``out[g, i] = -sum_j a[g, i, j] log a[g, i, j]`` over the entries above 0 (``0 log
-    0 = 0``), summed in float64."""
-    for g in range(a.shape[0]):
-        for i in range(a.shape[1]):
-            total = 0.0
-            for j in range(a.shape[2]):
-                x = a[g, i, j]
-                if x > 0.0:
-                    total += x * np.log(x)
+    0 = 0``) of float32 ``a``, the logarithms by :func:`_log` (the exponent and mantissa
+    read from the bits) and summed in float32 (within 2e-6 of a float64 sum at 512
+    tokens). A row with nothing above its diagonal (causal) is read to the diagonal.
+    Four times faster than ``np.log`` in a loop (libm, one entry at a time)."""
+    count, rows, m = a.shape[0], a.shape[1], a.shape[2]
+    mantissa = np.empty(m, dtype=np.int32)
+    floats = mantissa.view(np.float32)
+    for g in range(count):
+        for i in range(rows):
+            row = a[g, i]
+            bits = row.view(np.int32)
+            above = np.float32(0.0)
+            for j in range(m):
+                above += row[j] * np.float32(j > i)
+            stop = m if above > 0.0 else min(i + 1, m)
+            for j in range(stop):  # the mantissa's bits with exponent -1: [0.5, 1)
+                mantissa[j] = (bits[j] & 0x007FFFFF) | 0x3F000000
+            total = np.float32(0.0)
+            for j in range(stop):
+                x = row[j]
+                exponent = np.float32((bits[j] >> 23) - 126)
+                total += x * _log(floats[j], exponent) if x > 0.0 else np.float32(0.0)
             out[g, i] = -total

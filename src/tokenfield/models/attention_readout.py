@@ -21,7 +21,8 @@ the forward pass and reads the queries and keys instead:
   attention (Hugging Face's ``repeat_kv`` order), and builds that prompt's
   ``(heads, n, n)`` weights a block of rows at a time as eager attention does:
   ``softmax(q k^T * scaling (+ soft cap) + mask)`` in float32, cast to the
-  model's dtype. The statistics are those of the eager path's own reduction,
+  model's dtype (where no query sees a key past its own position, a block's keys
+  stop at its last row: about half the work of whole rows, :func:`_softmax_rows`). The statistics are those of the eager path's own reduction,
   on the same inputs: prompts of at most
   :func:`~tokenfield.models.attention.batched_limit` tokens several at once
   (:func:`tokenfield.models.attention._reduce_padded`, in float32 on the CPU and
@@ -92,6 +93,11 @@ READOUTS = ("auto", "sdpa", "eager")
 CHUNK_ELEMENTS = 1 << 23
 # Elements of one block of float32 logits (heads, rows, n).
 ROW_ELEMENTS = 1 << 20
+# Rows of a block of a causal prompt's logits at most (n // 4 rows, 16 at least): its
+# keys stop at its last row, so the shorter the blocks, the nearer the products come to
+# the triangle's half. 2 SmolLM2 prompts of 512 tokens, 1 thread: 16 to 21 ms a block's
+# weights with 32 to 128 rows (noisy), 30 ms with every row at once.
+LOWER_ROWS = 64
 # Devices on which the short prompts' weights of every block wait to be reduced
 # together (AttentionCapture.defer): a GPU, where the reduction is bound by kernel
 # launches. On a CPU each block is reduced at once, its arrays still in the cache.
@@ -217,47 +223,112 @@ def _as_visible(mask: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def _weights(
-    logits: torch.Tensor, visible: torch.Tensor | None, softcap: float | None, dtype: torch.dtype
-) -> torch.Tensor:
-    """Scaled logits to attention weights as eager attention makes them: the soft cap,
-    the mask (``visible`` False: ``-inf``), the softmax in float32, cast to the model's
-    ``dtype``; returned as float32. ``logits`` (the caller's own) is overwritten."""
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    if visible is not None:
-        logits = logits.masked_fill_(~visible, float("-inf"))
-    return torch.softmax(logits, dim=-1, dtype=torch.float32).to(dtype).float()
-
-
 def _visible(
     mask: torch.Tensor | None, row: int, offset: int, n: int, causal_kernel: bool, device: Any
-) -> torch.Tensor | None:
+) -> torch.Tensor | str | None:
     """``(n, n)`` bool, True where query ``i`` may read key ``j`` of one prompt (its
-    real tokens ``offset .. offset + n - 1``); ``None``: every key."""
+    real tokens ``offset .. offset + n - 1``); ``"causal"``: ``j <= i``; ``None``:
+    every key."""
     if mask is not None:
         cut = mask[row if mask.shape[0] > 1 else 0, 0, offset : offset + n, offset : offset + n]
         return _as_visible(cut).to(device)
     if causal_kernel and n > 1:  # SDPA's is_causal: key j <= query i
-        return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        return "causal"
     return None
+
+
+def _softmax_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    visible: torch.Tensor | str | None,
+    scaling: float,
+    softcap: float | None,
+    dtype: torch.dtype,
+    out: torch.Tensor,
+    corner: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out[..., i, :] = softmax(q_i k^T * scaling + mask)`` as eager attention makes it
+    (the soft cap, the mask: ``-inf`` where not visible, the softmax in float32, cast
+    to the model's ``dtype``), a block of rows at a time: at most :data:`ROW_ELEMENTS` logits a
+    block on the CPU (a quarter of the rows at most), every row at once on a GPU (where
+    the read-out is bound by kernel launches).
+
+    Where no key past a query's own position is visible (causal: ``visible`` lower
+    triangular), the block of rows ``s .. e - 1`` reads the keys ``0 .. e - 1`` only
+    and the rest of its rows is set to zero: about half the products, exponentials and
+    writes of the full rows (the softmax of a row is the same: the masked keys add
+    ``exp(-inf) = 0``).
+
+    Args:
+        q: ``(..., heads, n, head_dim)``; ``k`` the same.
+        visible: ``(..., 1, n, n)`` bool (True: visible; broadcast over the batch and
+            the heads), ``None``: every key, or ``"causal"``: the keys ``j <= i``.
+        out: ``(..., heads, n, n)``, written in full.
+        corner: ``(..., 1, n, n)`` bool, or ``None``: the weights outside it set to
+            zero (a padded prompt's rows and columns past its end; its rows may be all
+            ``-inf``, so ``where``, not a product).
+
+    Returns:
+        ``out``.
+    """
+    n = int(q.shape[-2])
+    cpu = q.device.type == "cpu"
+    causal = isinstance(visible, str)  # "causal": j <= i visible, nothing else masked
+    lower = causal or (visible is not None and not bool(visible.triu(1).any()))
+    step = ROW_ELEMENTS // max(1, out[..., 0, :].numel())
+    if lower:  # short blocks: the triangle's share of the products
+        step = min(step, max(LOWER_ROWS // 4, min(LOWER_ROWS, n // 4)))
+    step = max(1, step) if cpu else n
+    # the mask as 0 / -inf added to the logits (a broadcast masked_fill_ took 3x as long);
+    # causal: one (step, step) triangle, added on each block's diagonal
+    bias = None
+    if causal:
+        bias = torch.full((step, step), float("-inf"), device=q.device).triu_(1)
+    elif visible is not None:
+        bias = torch.zeros(visible.shape, dtype=torch.float32, device=q.device)
+        bias.masked_fill_(~visible, float("-inf"))
+    q = q.contiguous()  # one copy each, not one a block inside matmul
+    keys = k.transpose(-1, -2).contiguous()  # (..., head_dim, n)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        end = stop if lower else n
+        logits = torch.matmul(q[..., start:stop, :], keys[..., :end]).mul_(scaling)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        if causal:
+            logits[..., start:stop].add_(bias[: stop - start, : stop - start])
+        elif bias is not None:  # from the block's first column some row cannot see (CPU)
+            first = 0
+            if cpu:
+                seen = visible[..., start:stop, :end].all(-2).reshape(-1, end).all(0)
+                first = end if bool(seen.all()) else int(seen.logical_not().nonzero()[0, 0])
+            if first < end:
+                logits[..., first:].add_(bias[..., start:stop, first:end])
+        # the softmax in float32, cast to the model's dtype, as eager attention
+        weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(dtype).float()
+        if corner is not None:
+            weights = torch.where(corner[..., start:stop, :end], weights, 0.0)
+        out[..., start:stop, :end] = weights
+        if end < n:
+            out[..., start:stop, end:] = 0.0
+    return out
 
 
 def prompt_weights(
     query: torch.Tensor,
     key: torch.Tensor,
-    visible: torch.Tensor | None,
+    visible: torch.Tensor | str | None,
     scaling: float,
     softcap: float | None,
 ) -> torch.Tensor:
     """One prompt's attention weights, built a block of rows at a time as eager
-    attention does: ``softmax(q k^T * scaling + mask)`` in float32, cast to the
-    model's dtype.
+    attention does (:func:`_softmax_rows`): ``softmax(q k^T * scaling + mask)`` in
+    float32, cast to the model's dtype.
 
     Args:
         query: ``(heads, n, head_dim)``.
         key: ``(heads, n, head_dim)`` (key heads already repeated).
-        visible: ``(n, n)`` bool or ``None`` (every key).
+        visible: ``(n, n)`` bool, ``"causal"`` (``j <= i``) or ``None`` (every key).
 
     Returns:
         ``(heads, n, n)`` float32 (the model-dtype weights, as the eager path hands
@@ -265,14 +336,8 @@ def prompt_weights(
     """
     heads, n = int(query.shape[0]), int(query.shape[1])
     out = torch.empty((heads, n, n), dtype=torch.float32, device=query.device)
-    step = max(1, ROW_ELEMENTS // max(1, heads * n))
-    keys = key.transpose(-1, -2)  # (heads, head_dim, n)
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        logits = torch.matmul(query[:, start:stop], keys).mul_(scaling)  # (heads, rows, n)
-        rows = None if visible is None else visible[start:stop]
-        out[:, start:stop] = _weights(logits, rows, softcap, query.dtype)
-    return out
+    rows = visible if visible is None or isinstance(visible, str) else visible[None]
+    return _softmax_rows(query, key, rows, scaling, softcap, query.dtype, out)
 
 
 def short_weights(
@@ -288,7 +353,7 @@ def short_weights(
 ) -> torch.Tensor:
     """The weights of the batch rows ``rows`` (each at most ``m`` tokens) at once:
     :func:`prompt_weights` of each row's real tokens, in the top-left corner of a
-    zero ``(len(rows), heads, m, m)`` float64 array.
+    zero ``(len(rows), heads, m, m)`` array (:func:`reduce_dtype`).
 
     One batched product for all the rows instead of one per row (on a GPU the
     read-out of short prompts is bound by kernel launches). A row shorter than
@@ -307,27 +372,33 @@ def short_weights(
     steps = torch.arange(m, device=device)
     cols = (offsets[:, None] + steps).clamp(max=query.shape[2] - 1)  # (rows, m)
     inside = steps[None, :] < lengths[:, None]  # (rows, m)
-    # (rows, m, heads, head_dim) -> (rows, heads, m, head_dim)
-    q = query[index[:, None], :, cols].transpose(1, 2)
-    k = key[index[:, None], :, cols].transpose(1, 2)
-    logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)  # (rows, heads, m, m)
-    if mask is not None:
+    firsts = {spans[r][0] for r in rows}
+    if len(firsts) == 1 and min(firsts) + m <= query.shape[2]:  # one offset: a slice
+        first = min(firsts)
+        q = query.index_select(0, index)[:, :, first : first + m]
+        k = key.index_select(0, index)[:, :, first : first + m]
+    else:  # (rows, m, heads, head_dim) -> (rows, heads, m, head_dim)
+        q = query[index[:, None], :, cols].transpose(1, 2)
+        k = key[index[:, None], :, cols].transpose(1, 2)
+    padded = not all(spans[r][1] == m for r in rows)
+    corner = None
+    if padded:  # zero past each row's end
+        corner = (inside[:, :, None] & inside[:, None, :])[:, None]  # (rows, 1, m, m)
+    if mask is None and causal_kernel and not padded:
+        visible = "causal"
+    elif mask is not None:
         source = mask[index if mask.shape[0] > 1 else index.new_zeros(len(rows)), 0]
         visible = source[torch.arange(len(rows), device=device)[:, None, None],
                          cols[:, :, None], cols[:, None, :]]  # fmt: skip
-        visible = _as_visible(visible)
+        visible = (_as_visible(visible) & inside[:, None, :])[:, None]
     elif causal_kernel:
         visible = torch.ones(m, m, dtype=torch.bool, device=device).tril()[None]
+        visible = (visible & inside[:, None, :])[:, None]
     else:
-        visible = torch.ones(1, m, m, dtype=torch.bool, device=device)
-    visible = visible & inside[:, None, :]  # (rows, m, m): no key past the row's end
-    weights = _weights(logits, visible[:, None], softcap, query.dtype)
-    weights = weights.to(reduce_dtype(device))
-    if all(spans[r][1] == m for r in rows):  # no padding: nothing to zero
-        return weights
-    corner = (inside[:, :, None] & inside[:, None, :])[:, None]  # (rows, 1, m, m)
-    # where, not a product: a padded query row may be all -inf (NaN after softmax)
-    return torch.where(corner, weights, 0.0)
+        visible = torch.ones(1, m, m, dtype=torch.bool, device=device) & inside[:, None, :]
+        visible = visible[:, None]  # (rows, 1, m, m): no key past the row's end
+    out = torch.empty((len(rows), *q.shape[1:3], m), dtype=reduce_dtype(device), device=device)
+    return _softmax_rows(q, k, visible, scaling, softcap, query.dtype, out, corner)
 
 
 def reduce_queries_keys(
