@@ -431,15 +431,15 @@ def _row_entropy(a: torch.Tensor) -> torch.Tensor:
     ``a``'s dtype. On the CPU in float32 by the compiled kernel where numba is installed
     (:func:`tokenfield.models._lanczos_cpu.row_entropy`: vectorised float32 logarithms, a
     causal row read to its diagonal; 0.2 ms a 512-token SmolLM2 chain, against 0.8 ms with
-    libm's ``log`` one entry at a time and 4.5 ms with ``xlogy``), the chains split over
-    the torch threads (:func:`_in_threads`), else ``xlogy``."""
+    libm's ``log`` one entry at a time and 4.5 ms with ``xlogy``; on one thread: split
+    over two, it took longer in a trace, being too short to pay for the hand-over), else
+    ``xlogy``."""
     kernel = _compiled() if a.device.type == "cpu" and a.dtype == torch.float32 else None
     if kernel is None:
         return -torch.special.xlogy(a, a).sum(-1)
     m = a.shape[-1]
     out = np.empty(a.shape[:-1], dtype=np.float32)
-    chains, rows = a.reshape(-1, m, m).contiguous().numpy(), out.reshape(-1, m)
-    _in_threads(lambda lo, hi: kernel.row_entropy(chains[lo:hi], rows[lo:hi]), len(chains))
+    kernel.row_entropy(a.reshape(-1, m, m).contiguous().numpy(), out.reshape(-1, m))
     return torch.from_numpy(out)
 
 
