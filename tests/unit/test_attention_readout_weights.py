@@ -99,3 +99,19 @@ def test_prompt_weights_equal_whole_rows(causal):
     torch.testing.assert_close(got, expected, rtol=0, atol=TOL)
     if causal:
         assert not got.triu(1).any()  # above the diagonal: zero, never computed
+
+
+def test_block_rows(monkeypatch):
+    """How many rows a block takes: on the CPU at most ROW_ELEMENTS logits and, causal,
+    LOWER_ROWS rows; on a GPU the short prompts' rows at once (launch-bound) but a long
+    prompt's in ROW_ELEMENTS blocks (its logits never all at once)."""
+    monkeypatch.setattr(readout, "LOWER_ROWS", 64)
+    monkeypatch.setattr(readout, "ROW_ELEMENTS", 1 << 20)
+    row = 2 * 9 * 512  # two prompts, nine heads, 512 keys
+    total = row * 512
+    assert readout._block_rows(512, row, total, True, "cpu") == 64
+    assert readout._block_rows(40, 2 * 9 * 40, 2 * 9 * 40 * 40, True, "cpu") == 16
+    assert readout._block_rows(512, row, total, False, "cpu") == (1 << 20) // row
+    assert readout._block_rows(512, row, total, True, "cuda") == 512
+    long_row = 32 * 8192  # one prompt of 8192 tokens, 32 heads
+    assert readout._block_rows(8192, long_row, long_row * 8192, True, "cuda") == 4

@@ -237,6 +237,19 @@ def _visible(
     return None
 
 
+def _block_rows(n: int, row: int, total: int, lower: bool, device: str) -> int:
+    """Rows of one block of :func:`_softmax_rows` (``row`` logits a row of the block,
+    ``total`` in all): at most :data:`ROW_ELEMENTS` logits, and when ``lower`` (causal)
+    on the CPU at most :data:`LOWER_ROWS` rows (``n // 4``, 16 at least); on a GPU all
+    ``n`` rows where ``total`` is at most :data:`CHUNK_ELEMENTS`."""
+    if device != "cpu" and total <= CHUNK_ELEMENTS:  # a GPU: short prompts' rows at once
+        return n
+    step = ROW_ELEMENTS // max(1, row)
+    if lower and device == "cpu":  # short blocks: the triangle's share of the products
+        step = min(step, max(LOWER_ROWS // 4, min(LOWER_ROWS, n // 4)))
+    return max(1, min(step, n))
+
+
 def _softmax_rows(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -249,9 +262,10 @@ def _softmax_rows(
 ) -> torch.Tensor:
     """``out[..., i, :] = softmax(q_i k^T * scaling + mask)`` as eager attention makes it
     (the soft cap, the mask: ``-inf`` where not visible, the softmax in float32, cast
-    to the model's ``dtype``), a block of rows at a time: at most :data:`ROW_ELEMENTS` logits a
-    block on the CPU (a quarter of the rows at most), every row at once on a GPU (where
-    the read-out is bound by kernel launches).
+    to the model's ``dtype``), a block of rows at a time: at most :data:`ROW_ELEMENTS`
+    logits a block (and :data:`LOWER_ROWS` rows when causal, on the CPU), but on a GPU
+    every row at once where ``out`` has at most :data:`CHUNK_ELEMENTS` elements (short
+    prompts: the read-out there is bound by kernel launches).
 
     Where no key past a query's own position is visible (causal: ``visible`` lower
     triangular), the block of rows ``s .. e - 1`` reads the keys ``0 .. e - 1`` only
@@ -274,11 +288,9 @@ def _softmax_rows(
     n = int(q.shape[-2])
     cpu = q.device.type == "cpu"
     causal = isinstance(visible, str)  # "causal": j <= i visible, nothing else masked
-    lower = causal or (visible is not None and not bool(visible.triu(1).any()))
-    step = ROW_ELEMENTS // max(1, out[..., 0, :].numel())
-    if lower:  # short blocks: the triangle's share of the products
-        step = min(step, max(LOWER_ROWS // 4, min(LOWER_ROWS, n // 4)))
-    step = max(1, step) if cpu else n
+    # (on a GPU no host wait to find out: every key, as before, unless "causal")
+    lower = causal or (cpu and visible is not None and not bool(visible.triu(1).any()))
+    step = _block_rows(n, out[..., 0, :].numel(), out.numel(), lower, q.device.type)
     # the mask as 0 / -inf added to the logits (a broadcast masked_fill_ took 3x as long);
     # causal: one (step, step) triangle, added on each block's diagonal
     bias = None
