@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tokenfield.models import _lanczos_cpu as compiled
-from tokenfield.models import attention
+from tokenfield.models import _omp, attention
 from tokenfield.models.attention import (
     LANCZOS_FROM,
     _chain_spectrum,
@@ -549,21 +549,79 @@ def test_the_compiled_row_entropy_equals_float64():
     np.testing.assert_allclose(out, expected, rtol=0, atol=TOL_FLOAT32)
 
 
-def test_the_chains_split_over_threads_give_the_same_numbers(monkeypatch):
-    """Two torch threads: the compiled Lanczos runs on two runs of the chains at once
-    (``_in_threads``); the numbers are those of one thread, bit for bit."""
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def five_chains() -> tuple[torch.Tensor, torch.Tensor]:
     rng = np.random.default_rng(13)
     n = attention.COMPILED_FROM + 20
     a, valid = padded(list(causal_attention(n, rng, heads=5)), n)
-    a = a.reshape(5, 1, n, n).float()
-    valid = valid.reshape(5, 1, n).float()
-    one = _chain_spectrum(a, valid)
+    return a.reshape(5, 1, n, n).float(), valid.reshape(5, 1, n).float()
+
+
+@pytest.mark.parametrize("skip", [0, 1])
+def test_the_chains_on_torchs_openmp_team_give_the_same_numbers(skip):
+    """Two torch threads: the compiled Lanczos runs inside a parallel region of torch's
+    own OpenMP runtime (``_omp.chains_in_team``), each thread on its run of the chains;
+    the numbers are those of one call on one thread, bit for bit."""
+    a, valid = five_chains()
+    m = a.shape[-1]
+    if skip:
+        valid[..., 0] = 0.0
+    torch.tensor([1.0]).exp()  # torch (and its OpenMP runtime) loaded and started
+    if _omp._team() is None:
+        pytest.skip("torch runs no libgomp here")
+    chains, masks = a.reshape(5, m, m).numpy(), valid.reshape(5, m).numpy()
+    start = attention._start_vector(m, torch.device("cpu")).float().numpy()
+    args = (skip, start, 1e-5, 250, 16, 1e-5)
+    one = (np.empty(5), np.empty((5, m), np.float32), np.empty(5, np.int64))
+    compiled.chain_lambda2(chains, masks, *args, *one)
+    team = (np.full(5, np.nan), np.full((5, m), np.nan, np.float32), np.zeros(5, np.int64))
+    assert _omp.chains_in_team(2, chains, masks, *args, *team)
+    for expected, got in zip(one, team, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert (team[2] > 0).all()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _omp.chains_in_team(2, chains.astype(np.float64), masks, *args, *team)
+
+
+def test_the_spectrum_takes_the_team_with_two_threads(monkeypatch, two_threads):
+    a, valid = five_chains()
+    torch.tensor([1.0]).exp()
+    if _omp._team() is None:
+        pytest.skip("torch runs no libgomp here")
+    teams: list[int] = []
+    chains_in_team = _omp.chains_in_team
+
+    def spy(threads, *args):
+        teams.append(threads)
+        return chains_in_team(threads, *args)
+
+    monkeypatch.setattr(_omp, "chains_in_team", spy)
     calls = compiled_calls(monkeypatch)
-    before = torch.get_num_threads()
+    lam, pi = _chain_spectrum(a, valid)
+    assert teams == [2] and calls == []  # not the pool: the team
+    torch.set_num_threads(1)
+    one = _chain_spectrum(a, valid)
+    assert teams == [2] and calls == [5]  # one thread: one call, here
+    assert torch.equal(lam, one[0]) and torch.equal(pi, one[1])
+
+
+def test_the_chains_split_over_a_pool_without_torchs_openmp(monkeypatch, two_threads):
+    """Two torch threads and no torch libgomp found: the compiled Lanczos runs on two
+    runs of the chains at once on a pool's threads (``_in_threads``); the numbers are
+    those of one thread, bit for bit."""
+    a, valid = five_chains()
+    monkeypatch.setattr(_omp, "chains_in_team", lambda *args: False)
+    torch.set_num_threads(1)
+    one = _chain_spectrum(a, valid)
     torch.set_num_threads(2)
-    try:
-        lam, pi = _chain_spectrum(a, valid)
-    finally:
-        torch.set_num_threads(before)
+    calls = compiled_calls(monkeypatch)
+    lam, pi = _chain_spectrum(a, valid)
     assert sorted(calls) == [2, 3]  # 5 chains: runs of 3 and 2, one to a thread
     assert torch.equal(lam, one[0]) and torch.equal(pi, one[1])

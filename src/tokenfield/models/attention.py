@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from tokenfield.errors import UserError
+from tokenfield.models import _omp
 from tokenfield.models.hooks import Order, hooks
 from tokenfield.models.markov import (
     DENSE_LIMIT,
@@ -449,19 +450,22 @@ _POOLS_LOCK = threading.Lock()
 
 def _in_threads(call: Callable[[int, int], Any], count: int) -> None:
     """``call(lo, hi)`` on the chains ``lo .. hi - 1``, the ``count`` chains split in
-    ``torch.get_num_threads()`` equal runs done at once (the compiled kernels release
-    the interpreter lock; the forward pass's own threads are idle meanwhile). One
-    thread: one call, here."""
+    ``torch.get_num_threads()`` equal runs done at once, the first on this thread and
+    the others on a pool's (the compiled kernels release the interpreter lock; the
+    forward pass's own threads are idle meanwhile). One thread: one call, here."""
     workers = min(torch.get_num_threads(), count)
     if workers <= 1:
         call(0, count)
         return
     with _POOLS_LOCK:
-        pool = _POOLS.get(workers)
+        pool = _POOLS.get(workers - 1)
         if pool is None:
-            pool = _POOLS[workers] = ThreadPoolExecutor(workers, "tokenfield-chains")
+            pool = _POOLS[workers - 1] = ThreadPoolExecutor(workers - 1, "tokenfield-chains")
     bounds = np.linspace(0, count, workers + 1).round().astype(int).tolist()
-    for done in [pool.submit(call, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]:
+    runs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    others = [pool.submit(call, lo, hi) for lo, hi in runs[1:]]
+    call(*runs[0])  # the first run on this thread, the others beside it
+    for done in others:
         done.result()
 
 
@@ -508,8 +512,9 @@ def _compiled_spectrum(
     (:func:`tokenfield.models._lanczos_cpu.chain_lambda2`; same tolerance and start
     vector as :func:`_lanczos_lambda2` in float32, at most :data:`COMPILED_STEPS` steps):
     of ``a`` itself (``skip = 0``) or of ``a`` without the sink (``skip = 1``, ``valid``
-    0 at token 0; read from ``a``, never formed), the chains split over the torch threads
-    (:func:`_in_threads`). What it does not certify: dense float64 ``eigvalsh``, or for a
+    0 at token 0; read from ``a``, never formed), the chains split over the torch threads:
+    on torch's own OpenMP team (:func:`tokenfield.models._omp.chains_in_team`), else on a
+    pool's threads (:func:`_in_threads`). What it does not certify: dense float64 ``eigvalsh``, or for a
     long prompt the reference's ARPACK."""
     shape, m = a.shape[:-2], a.shape[-1]
     chains = a.reshape(-1, m, m).contiguous()
@@ -527,7 +532,12 @@ def _compiled_spectrum(
             _FIRST_CHECK_COMPILED, _BREAKDOWN_FLOAT32, lam[lo:hi], pi[lo:hi], taken[lo:hi],
         )  # fmt: skip
 
-    _in_threads(solve, count)
+    threads = min(torch.get_num_threads(), count)
+    if threads <= 1 or not _omp.chains_in_team(
+        threads, weights, inside, skip, start, LANCZOS_TOL_FLOAT32, COMPILED_STEPS,
+        _FIRST_CHECK_COMPILED, _BREAKDOWN_FLOAT32, lam, pi, taken,
+    ):  # fmt: skip
+        _in_threads(solve, count)  # one thread, or no torch libgomp: a pool's threads
     late = np.flatnonzero(lam < 0)  # not certified: dense eigvalsh on those alone
     if late.size and m > BATCHED_LIMIT_CPU:  # a long prompt (unpadded): the reference's ARPACK
         for chain in late.tolist():
