@@ -22,8 +22,9 @@ the forward pass and reads the queries and keys instead:
   ``(heads, n, n)`` weights a block of rows at a time as eager attention does:
   ``softmax(q k^T * scaling (+ soft cap) + mask)`` in float32, cast to the
   model's dtype (where no query sees a key past its own position, a block's keys
-  stop at its last row: about half the work of whole rows, :func:`_softmax_rows`). The statistics are those of the eager path's own reduction,
-  on the same inputs: prompts of at most
+  stop at its last row: about half the work of whole rows, :func:`_softmax_rows`).
+  The statistics are those of the eager path's own reduction, on the same inputs:
+  prompts of at most
   :func:`~tokenfield.models.attention.batched_limit` tokens several at once
   (:func:`tokenfield.models.attention._reduce_padded`, in float32 on the CPU and
   float64 on a GPU (:data:`~tokenfield.models.attention.REDUCE_DTYPE`; float32
