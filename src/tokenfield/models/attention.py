@@ -526,17 +526,16 @@ def _compiled_spectrum(
     start = _start_vector(m, torch.device("cpu")).to(torch.float32).numpy()
     weights, inside = chains.numpy(), masks.numpy()
 
+    settings = (skip, start, LANCZOS_TOL_FLOAT32, COMPILED_STEPS, _FIRST_CHECK_COMPILED,
+                _BREAKDOWN_FLOAT32)  # fmt: skip
+
     def solve(lo: int, hi: int) -> None:
-        kernel.chain_lambda2(
-            weights[lo:hi], inside[lo:hi], skip, start, LANCZOS_TOL_FLOAT32, COMPILED_STEPS,
-            _FIRST_CHECK_COMPILED, _BREAKDOWN_FLOAT32, lam[lo:hi], pi[lo:hi], taken[lo:hi],
-        )  # fmt: skip
+        chosen = (weights[lo:hi], inside[lo:hi], *settings, lam[lo:hi], pi[lo:hi], taken[lo:hi])
+        kernel.chain_lambda2(*chosen)
 
     threads = min(torch.get_num_threads(), count)
-    if threads <= 1 or not _omp.chains_in_team(
-        threads, weights, inside, skip, start, LANCZOS_TOL_FLOAT32, COMPILED_STEPS,
-        _FIRST_CHECK_COMPILED, _BREAKDOWN_FLOAT32, lam, pi, taken,
-    ):  # fmt: skip
+    every = (weights, inside, *settings, lam, pi, taken)
+    if threads <= 1 or not _omp.chains_in_team(threads, *every):
         _in_threads(solve, count)  # one thread, or no torch libgomp: a pool's threads
     late = np.flatnonzero(lam < 0)  # not certified: dense eigvalsh on those alone
     if late.size and m > BATCHED_LIMIT_CPU:  # a long prompt (unpadded): the reference's ARPACK
