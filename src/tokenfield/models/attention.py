@@ -235,14 +235,32 @@ class AttentionCapture:
         for block, reduced in enumerate(self.reduced):
             if reduced is None:
                 raise RuntimeError(f"attention of block {block} was not captured")
-            for name in PER_TOKEN:
-                values = reduced[name].cpu().numpy()  # (batch, heads, width)
-                out[VARIABLES[name]][:, block] = values[at, :, local]
-            for name in PER_HEAD:
-                values = reduced[name].cpu().numpy()  # (batch, heads)
-                out[VARIABLES[name]][flags, block] = values[at[flags]]
+        # one copy to the host per statistic, all the blocks at once (on a GPU each copy
+        # is a wait): (blocks, batch, heads, width) and (blocks, batch, heads)
+        for name in PER_TOKEN:
+            values = torch.stack([reduced[name] for reduced in self.reduced]).cpu().numpy()
+            out[VARIABLES[name]][:] = values[:, at, :, local]  # (particle, block, head)
+        for name in PER_HEAD:
+            values = torch.stack([reduced[name] for reduced in self.reduced]).cpu().numpy()
+            out[VARIABLES[name]][flags] = values[:, at[flags]].transpose(1, 0, 2)
         dims = ("particle", "block", "head")
         return {name: (dims, values) for name, values in out.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def _device_ints_cached(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, device=device)
+
+
+def device_ints(values: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, not to be written to. On a GPU it
+    is kept for the next call with the same values (the blocks of a batch ask for the
+    same rows and lengths): copying a list to a GPU makes the host wait for the GPU's
+    queue, and the read-out of each block asked for several."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return torch.tensor(list(values), dtype=torch.long)
+    return _device_ints_cached(tuple(int(v) for v in values), device)
 
 
 # The precision of the batched reduction's work array (_reduce_padded: the weights, the
@@ -252,7 +270,7 @@ class AttentionCapture:
 # time of float64's, and every statistic stays within 1e-6 of the float64 reference
 # (:func:`~tokenfield.models.markov.summarize_attention`; |lambda_2| to LANCZOS_TOL_FLOAT32
 # at most, about 5e-7 measured). On a GPU float64, as before (not re-measured in float32).
-REDUCE_DTYPE = {"cpu": torch.float32, "cuda": torch.float64}
+REDUCE_DTYPE = {"cpu": torch.float32, "cuda": torch.float32}
 
 
 def reduce_dtype(device: torch.device | str) -> torch.dtype:
@@ -262,9 +280,11 @@ def reduce_dtype(device: torch.device | str) -> torch.dtype:
 
 # Elements of one (rows, heads, n, n) work array; more rows are split.
 _CHUNK_ELEMENTS = 1 << 23
-# Elements of float64 weights a capture defers at most (AttentionCapture.defer): 512 MiB,
-# and as much again while they are reduced.
-DEFER_ELEMENTS = 1 << 26
+# Elements of weights a capture defers at most (AttentionCapture.defer): 512 MiB in float32
+# (REDUCE_DTYPE), and a few times as much while they are reduced. On an H100 (SmolLM2's
+# random-weight copy, 16 prompts of 256 tokens) --attention took 1.66x a plain trace at
+# 1 << 26 and 1.58x at 1 << 28 (float32, the Lanczos in rounds).
+DEFER_ELEMENTS = 1 << 27
 
 
 def reduce_attention_batch(
@@ -304,7 +324,7 @@ def reduce_attention_batch(
     step = max(1, _CHUNK_ELEMENTS // (heads * m * m))
     for begin in range(0, len(short), step):
         chosen = short[begin : begin + step]
-        lengths = torch.tensor([spans[r][1] for r in chosen], device=on)
+        lengths = device_ints([spans[r][1] for r in chosen], on)
         # token i of each row at index i, zero past its end: the one copy, a slice a row
         # (a gather over four indices took twice as long)
         cut = torch.zeros((len(chosen), heads, m, m), dtype=reduce_dtype(on), device=on)
@@ -365,7 +385,7 @@ def fill_rows(
 ) -> None:
     """Put the statistics of ``reduced`` (prompts in the order of ``rows``, tokens
     padded to their longest) into the rows ``rows`` of :func:`blank_reduction`'s ``out``."""
-    at = torch.tensor(rows, device=out["stationary"].device)
+    at = device_ints(rows, out["stationary"].device)
     for name, value in reduced.items():
         if name in PER_TOKEN:
             out[name][at, :, : value.shape[-1]] = value
@@ -409,7 +429,8 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     if m >= _lanczos_from(s):
         top = torch.nan_to_num(pi.sqrt())  # NaN where no token is valid: nothing to deflate
         shape = s.shape[:-2]
-        lam = _lanczos_lambda2(
+        solve = _lanczos_rounds if s.device.type in FIXED_ON else _lanczos_lambda2
+        lam = solve(
             s.reshape(-1, m, m),
             top.reshape(-1, m),
             valid.to(s.dtype).expand(*shape, m).reshape(-1, m),
@@ -626,6 +647,13 @@ _RITZ_TOL = 1e-14  # an end is done when its root is bracketed this tightly (sca
 # Lanczos tridiagonals of attention-like chains goes to dstemr (a third of near-uniform
 # random ones, whose ends are dense).
 _RITZ_GAP = 1e-3
+# The same for a float32 Lanczos's checks (_lanczos_rounds: certified at
+# LANCZOS_TOL_FLOAT32, the values themselves good to the rounding of S, about 5e-7), where
+# a root drifting by eps / gap (1e-10 at 1e-6) changes nothing. At 1e-3, a fifth of the
+# tridiagonals of SmolLM2's random-weight copy (dense ends) went to dstemr, one at a
+# time on the host (35 ms a check on an H100); at any gap down to 0 the batched bounds of
+# those tridiagonals (k = 32, 48) were within 2e-12 of dstemr's, their values within 1e-15.
+_RITZ_GAP_FLOAT32 = 1e-6
 # float64 elements of the product tree's largest temporary (a level's 6 x 6 x 6 products,
 # 64 MB): more matrices are done in turn.
 _TREE_ELEMENTS = 1 << 23
@@ -636,6 +664,14 @@ _TREE_ELEMENTS = 1 << 23
 _RITZ_GRAPHED = True
 _GRAPH_COUNTS = (64, 256, 512, 1024)
 _GRAPH_ROWS = 32
+# On a GPU (FIXED_ON), |lambda_2| by _lanczos_rounds: every matrix takes the first round's
+# steps, the ones not certified then go on to the next round's (then to m - 1). Fraction
+# certified (float32, LANCZOS_TOL_FLOAT32) after k steps, SmolLM2's chains at 256 tokens
+# (360, both chains): k = 24: 44 %, 32: 68 %, 48: 91 %, 64: 98 %; the largest error
+# against dense eigvalsh of those certified 5.9e-7 at every k; its random-weight copy's
+# (180): 51 %, 88 %, 100 % at 24, 32, 48.
+LANCZOS_ROUNDS_CUDA = (48, 96)
+FIXED_ON = ("cuda",)
 # Bytes of S per lockstep group: 10 MB (20 float64 or 40 float32 matrices of 256 x 256),
 # which the matrix-vector products reread from the CPU's cache; on a GPU one group takes
 # everything.
@@ -720,18 +756,10 @@ def _lanczos_group(
     s: torch.Tensor, top: torch.Tensor, start: torch.Tensor, tol: float, steps: int
 ) -> torch.Tensor:
     """:func:`_lanczos_lambda2` of one lockstep group (``s`` overwritten)."""
-    g, m = s.shape[0], s.shape[-1]
+    g = s.shape[0]
     on = s.device
-    q = start - top * (top * start).sum(-1, keepdim=True)
-    q = q - top * (top * q).sum(-1, keepdim=True)
-    norm = q.norm(dim=-1, keepdim=True)
-    # nothing valid but top (rounding noise left): a zero vector, a breakdown at step 1
     single = s.dtype == torch.float32
-    small = _BREAKDOWN_FLOAT32 if single else 1e-8
-    norm = torch.where(norm > small * start.norm(dim=-1, keepdim=True), norm, torch.inf)
-    basis = torch.empty((g, steps + 2, m), dtype=s.dtype, device=on)  # rows written before read
-    basis[:, 0] = top
-    basis[:, 1] = q / norm
+    basis = _first_vectors(top, start, steps)
     # per step, (live, 1, 2) projections of S q_k on q_(k-1), q_k (alpha_k the second)
     # and (live, 1, 1) norms beta_k; concatenated only at checks
     projections: list[torch.Tensor] = []
@@ -742,16 +770,7 @@ def _lanczos_group(
     next_check = int(due[0])
     before = np.full((g, 2), np.nan)  # each slot's last check: step, log10 residual
     for k in range(1, steps + 1):
-        w = torch.bmm(basis[:, k : k + 1], s)  # (live, 1, m): q_k^T S = (S q_k)^T
-        # Gram-Schmidt twice: against q_(k-1) and q_k (the recurrence), then against
-        # top and every q so far
-        pair = basis[:, k - 1 : k + 1]  # top and q_1 at k = 1
-        c = torch.bmm(w, pair.mT)
-        w = torch.baddbmm(w, c, pair, alpha=-1)
-        so_far = basis[:, : k + 1]
-        w = torch.baddbmm(w, torch.bmm(w, so_far.mT), so_far, alpha=-1)
-        b = torch.linalg.vector_norm(w, dim=-1, keepdim=True)
-        torch.div(w, b, out=basis[:, k + 1 : k + 2])
+        c, b = _lanczos_step(s, basis, k)
         projections.append(c)
         norms.append(b)
         if k < next_check:
@@ -760,10 +779,7 @@ def _lanczos_group(
         alpha, beta = projections[0][..., 1], norms[0][..., 0]  # (live, k)
         check = np.flatnonzero(due <= k)
         at = torch.as_tensor(check, device=on)
-        alpha_at, beta_at = alpha[at].double(), beta[at].double()
-        if single:  # rounding noise, not a coupling: a breakdown
-            beta_at = torch.where(beta_at > _BREAKDOWN_FLOAT32, beta_at, 0.0)
-        value, residual = _ritz_extremes(alpha_at, beta_at)
+        value, residual = _ritz_extremes(*_ritz_inputs(alpha[at], beta[at], single))
         done = residual < tol
         result[lane[check[done]]] = value[torch.from_numpy(done)]
         late = check[~done]
@@ -804,7 +820,123 @@ def _lanczos_group(
     return result.to(on)
 
 
-def _ritz_extremes(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+def _lanczos_rounds(
+    s: torch.Tensor,
+    top: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    rounds: Sequence[int] | None = None,
+    tol: float | None = None,
+) -> torch.Tensor:
+    """:func:`_lanczos_lambda2` in rounds of a fixed number of steps, for a GPU: every
+    matrix takes the first round's steps (``rounds``, default
+    :data:`LANCZOS_ROUNDS_CUDA`) with no wait for the host, then one Ritz check of
+    them all (:func:`_ritz_extremes`, one wait); those not certified (residual bound
+    below ``tol``) go on together to the next round's step, and so on, the last round
+    at ``m - 1`` steps (the whole space: the Ritz values are the eigenvalues; a round
+    past two thirds of it is skipped). What
+    is still not certified there is solved by dense ``eigvalsh``.
+
+    The adaptive schedule of :func:`_lanczos_lambda2` checks each matrix when its
+    residual should be small enough: a wait for the host every few steps, which on a
+    GPU cost more than the steps it saved. Same steps, start vector and checks, so
+    the same values to the rounding (``tol`` bounds both). ``s`` is not written.
+    """
+    single = s.dtype == torch.float32
+    tol = (LANCZOS_TOL_FLOAT32 if single else LANCZOS_TOL) if tol is None else tol
+    rounds = LANCZOS_ROUNDS_CUDA if rounds is None else rounds
+    count, m = s.shape[0], s.shape[-1]
+    on = s.device
+    result = torch.zeros(count, dtype=torch.float64)
+    if count == 0 or m < 2:
+        return result.to(on)
+    # a round past two thirds of the whole space costs more in its check than the steps
+    # it saves: then straight on to the whole space
+    targets = sorted({max(1, r) for r in rounds if 3 * r <= 2 * (m - 1)} | {m - 1})
+    start = _start_vector(m, on).to(s.dtype) * valid
+    basis = _first_vectors(top, start, targets[0])
+    alpha = torch.empty((count, targets[-1]), dtype=s.dtype, device=on)
+    beta = torch.empty_like(alpha)
+    lane = np.arange(count)  # the matrix in each slot
+    k = 0
+    for target in targets:
+        if basis.shape[1] < target + 2:  # room for this round's vectors
+            grown = basis.new_empty((basis.shape[0], target + 2, m))
+            grown[:, : k + 2] = basis[:, : k + 2]
+            basis = grown
+        for step in range(k + 1, target + 1):
+            c, b = _lanczos_step(s, basis, step)
+            alpha[:, step - 1] = c[:, 0, 1]
+            beta[:, step - 1] = b[:, 0, 0]
+        k = target
+        gap = _RITZ_GAP_FLOAT32 if single else _RITZ_GAP
+        value, residual = _ritz_extremes(*_ritz_inputs(alpha[:, :k], beta[:, :k], single), gap=gap)
+        done = residual < tol
+        result[lane[done]] = value[torch.from_numpy(done)]
+        late = np.flatnonzero(~done)
+        if not late.size:
+            break
+        at = torch.as_tensor(late, device=on)
+        if k == targets[-1]:  # not certified on the whole space: dense eigvalsh
+            result[lane[late]] = _dense_lambda2(s[at]).cpu()
+            break
+        s, basis, alpha, beta, lane = s[at], basis[at], alpha[at], beta[at], lane[late]
+    return result.to(on)
+
+
+def _first_vectors(top: torch.Tensor, start: torch.Tensor, steps: int) -> torch.Tensor:
+    """The Lanczos basis ``(count, steps + 2, m)`` of :func:`_lanczos_lambda2` before
+    its first step: row 0 ``top``, row 1 ``start`` orthogonalised against it (twice)
+    and normalised, the others not yet written. A start with nothing left but
+    rounding noise gives a zero vector (a breakdown at step 1)."""
+    q = start - top * (top * start).sum(-1, keepdim=True)
+    q = q - top * (top * q).sum(-1, keepdim=True)
+    norm = q.norm(dim=-1, keepdim=True)
+    small = _BREAKDOWN_FLOAT32 if top.dtype == torch.float32 else 1e-8
+    norm = torch.where(norm > small * start.norm(dim=-1, keepdim=True), norm, torch.inf)
+    basis = torch.empty(
+        (top.shape[0], steps + 2, top.shape[-1]), dtype=top.dtype, device=top.device
+    )
+    basis[:, 0] = top
+    basis[:, 1] = q / norm
+    return basis
+
+
+def _lanczos_step(
+    s: torch.Tensor, basis: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lanczos step ``k`` (from 1) of every matrix of ``s`` ``(count, m, m)``: ``basis``
+    row ``k + 1`` written, ``(c, b)`` returned: ``c`` ``(count, 1, 2)`` the projections of
+    ``S q_k`` on ``q_(k-1)`` and ``q_k`` (``alpha_k`` the second), ``b`` ``(count, 1, 1)``
+    the norm ``beta_k``. The new vector is orthogonalised twice (Gram-Schmidt): against
+    the two before it (the three-term recurrence), then against ``top`` and every vector
+    so far (full reorthogonalisation). A zero vector stays zero (no division by 0)."""
+    w = torch.bmm(basis[:, k : k + 1], s)  # (count, 1, m): q_k^T S = (S q_k)^T
+    pair = basis[:, k - 1 : k + 1]  # top and q_1 at k = 1
+    c = torch.bmm(w, pair.mT)
+    w = torch.baddbmm(w, c, pair, alpha=-1)
+    so_far = basis[:, : k + 1]
+    w = torch.baddbmm(w, torch.bmm(w, so_far.mT), so_far, alpha=-1)
+    b = torch.linalg.vector_norm(w, dim=-1, keepdim=True)
+    torch.div(w, b.clamp(min=torch.finfo(b.dtype).tiny), out=basis[:, k + 1 : k + 2])
+    return c, b
+
+
+def _ritz_inputs(
+    alpha: torch.Tensor, beta: torch.Tensor, single: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``alpha`` and ``beta`` of Lanczos runs as :func:`_ritz_extremes` takes them
+    (float64; in float32 a ``beta`` below :data:`_BREAKDOWN_FLOAT32` is rounding noise,
+    not a coupling: a breakdown)."""
+    alpha, beta = alpha.double(), beta.double()
+    if single:
+        beta = torch.where(beta > _BREAKDOWN_FLOAT32, beta, 0.0)
+    return alpha, beta
+
+
+def _ritz_extremes(
+    alpha: torch.Tensor, beta: torch.Tensor, *, gap: float = _RITZ_GAP
+) -> tuple[torch.Tensor, np.ndarray]:
     """The largest ``|Ritz value|`` of each Lanczos tridiagonal ``T_k`` (diagonal
     ``alpha`` ``(n, k)``, off-diagonal ``beta[:, :-1]``, last coupling ``beta[:, -1]``)
     and the larger residual bound ``beta_k |y_k|`` of its two extreme Ritz pairs.
@@ -819,7 +951,7 @@ def _ritz_extremes(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tenso
     """
     on_cpu = alpha.device.type == "cpu"
     if alpha.shape[0] >= (RITZ_BATCHED_FROM if on_cpu else RITZ_BATCHED_FROM_CUDA):
-        return _ritz_batched(alpha, beta)
+        return _ritz_batched(alpha, beta, gap=gap)
     return _ritz_dstemr(alpha, beta)
 
 
@@ -855,7 +987,7 @@ def _ritz_dstemr(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def _ritz_batched(
-    alpha: torch.Tensor, beta: torch.Tensor, *, tree: bool | None = None
+    alpha: torch.Tensor, beta: torch.Tensor, *, tree: bool | None = None, gap: float = _RITZ_GAP
 ) -> tuple[torch.Tensor, np.ndarray]:
     """:func:`_ritz_extremes` of all the matrices at once, on their device: Laguerre's
     method on the characteristic polynomials ``chi(x) = det(x I - T)``, then the last
@@ -893,7 +1025,7 @@ def _ritz_batched(
 
     A matrix goes to :func:`_ritz_dstemr` where an end is still open after
     :data:`_RITZ_PASSES` steps (a cluster at an end, where Laguerre converges only
-    linearly), where the next root is closer than :data:`_RITZ_GAP` (``chi' / chi''``
+    linearly), where the next root is closer than ``gap`` (:data:`_RITZ_GAP`; ``chi' / chi''``
     at the root bounds the gap from below; there the components are ill determined
     and the product tree's roots less accurate), or where anything came out not
     finite. ``tree`` (default: on a GPU) picks :func:`_characteristic`'s product
@@ -922,7 +1054,7 @@ def _ritz_batched(
         out = state.finish()
     out = out.cpu()
     value, residual = out[0], out[1].numpy()
-    redo = np.flatnonzero(out[2].numpy())
+    redo = np.flatnonzero(((out[2] > 0) | (out[3] < gap)).numpy())
     if redo.size:  # clusters at an end: one at a time
         at = torch.from_numpy(redo).to(on)
         value[redo], residual[redo] = _ritz_dstemr(alpha[at], beta[at])
@@ -994,15 +1126,18 @@ class _RitzState:
         self.done |= settled
 
     def finish(self) -> torch.Tensor:
-        """``(3, n)``: the largest ``|Ritz value|``, the residual bound, and 1 where the
-        matrix is to be done again by :func:`_ritz_dstemr`."""
+        """``(4, n)``: the largest ``|Ritz value|``, the residual bound, 1 where the
+        matrix is to be done again by :func:`_ritz_dstemr` (an end not done, anything
+        not finite), and the lower bound on the distance from an end to the next root
+        (``inf`` where the coupling is 0: the components are not needed), which the
+        caller compares with its :data:`_RITZ_GAP` (outside the CUDA graphs)."""
         y2 = _last_components(self.x, self.shift, self.slope, self.couple, self.tree)
         value = (self.centre + self.scale * self.x).abs().amax(0)
         coupled = self.coupling > 0
         residual = torch.where(coupled, self.coupling * y2.amax(0).sqrt(), 0.0)
         again = ~self.done.all(0) | ~torch.isfinite(value) | ~torch.isfinite(residual)
-        again |= coupled & (self.gap < _RITZ_GAP).any(0)
-        return torch.stack([value, residual, again.to(value.dtype)])
+        gap = torch.where(coupled, self.gap.amin(0), torch.inf)
+        return torch.stack([value, residual, again.to(value.dtype), gap])
 
 
 class _RitzGraphs:
@@ -1302,7 +1437,7 @@ def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict
         a.mul_(valid[..., :, None] * valid[..., None, :])
     sums = a.sum(-1, keepdim=True)
     a.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
-    nan = torch.tensor(float("nan"), dtype=a.dtype, device=a.device)
+    nan = torch.full((), float("nan"), dtype=a.dtype, device=a.device)  # no host wait
     several = (lengths > 1)[:, None]  # (rows, 1)
     queries = valid * (i >= 1).to(a.dtype)  # (rows, 1, m): i >= 1
     count = (lengths - 1).clamp(min=1).to(a.dtype)[:, None]  # (rows, 1)

@@ -70,6 +70,7 @@ from tokenfield.models.attention import (
     _reduce_padded,
     batched_limit,
     blank_reduction,
+    device_ints,
     fill_rows,
     reduce_dtype,
     reduce_long_row,
@@ -379,9 +380,9 @@ def short_weights(
         mask, spans, causal_kernel, scaling, softcap: as :func:`reduce_queries_keys`.
     """
     device = query.device
-    index = torch.tensor(list(rows), device=device)
-    offsets = torch.tensor([spans[r][0] for r in rows], device=device)
-    lengths = torch.tensor([spans[r][1] for r in rows], device=device)
+    index = device_ints(rows, device)
+    offsets = device_ints([spans[r][0] for r in rows], device)
+    lengths = device_ints([spans[r][1] for r in rows], device)
     steps = torch.arange(m, device=device)
     cols = (offsets[:, None] + steps).clamp(max=query.shape[2] - 1)  # (rows, m)
     inside = steps[None, :] < lengths[:, None]  # (rows, m)
@@ -473,7 +474,7 @@ def reduce_queries_keys(
         for begin in range(0, len(short), step):
             chosen = short[begin : begin + step]
             cut = short_weights(query, key, mask, spans, chosen, m, causal_kernel, scale, softcap)
-            lengths = torch.tensor([spans[row][1] for row in chosen], device=on)
+            lengths = device_ints([spans[row][1] for row in chosen], on)
             if deferred is not None:
                 deferred.append((chosen, cut.to(on), lengths))
             else:
