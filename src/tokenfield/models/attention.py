@@ -269,7 +269,11 @@ def device_ints(values: Sequence[int], device: torch.device | str) -> torch.Tens
 # and the Lanczos's matrix-vector products, bound by memory traffic, take about half the
 # time of float64's, and every statistic stays within 1e-6 of the float64 reference
 # (:func:`~tokenfield.models.markov.summarize_attention`; |lambda_2| to LANCZOS_TOL_FLOAT32
-# at most, about 5e-7 measured). On a GPU float64, as before (not re-measured in float32).
+# at most, about 5e-7 measured). On a GPU float32 too (since session 16; float64 before):
+# half the bytes of every pass, and with the Lanczos in rounds (_lanczos_rounds) an
+# H200 took 0.376 s for an --attention trace of 16 random-weight SmolLM2 prompts of 256
+# tokens against 0.558 s with float64 and the adaptive Lanczos (statistics within 2.4e-7
+# of the eager path's float64 either way).
 REDUCE_DTYPE = {"cpu": torch.float32, "cuda": torch.float32}
 
 

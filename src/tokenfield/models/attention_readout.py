@@ -26,12 +26,13 @@ the forward pass and reads the queries and keys instead:
   The statistics are those of the eager path's own reduction, on the same inputs:
   prompts of at most
   :func:`~tokenfield.models.attention.batched_limit` tokens several at once
-  (:func:`tokenfield.models.attention._reduce_padded`, in float32 on the CPU and
-  float64 on a GPU (:data:`~tokenfield.models.attention.REDUCE_DTYPE`; float32
-  within about 5e-7 of the float64 reference): ``|lambda_2|`` by batched
-  ``eigvalsh``, or from :data:`~tokenfield.models.attention.COMPILED_FROM` tokens on
-  the CPU by the compiled Lanczos of :mod:`tokenfield.models._lanczos_cpu`, on a GPU
-  by the batched torch Lanczos),
+  (:func:`tokenfield.models.attention._reduce_padded`, in float32
+  (:data:`~tokenfield.models.attention.REDUCE_DTYPE`; within about 5e-7 of the
+  float64 reference): ``|lambda_2|`` by batched ``eigvalsh``, or from
+  :data:`~tokenfield.models.attention.COMPILED_FROM` tokens on the CPU by the
+  compiled Lanczos of :mod:`tokenfield.models._lanczos_cpu`, on a GPU from 33 tokens
+  by the batched torch Lanczos in fixed rounds,
+  :func:`~tokenfield.models.attention._lanczos_rounds`),
   longer ones one at a time (:func:`~tokenfield.models.attention.reduce_long_row`:
   the same reduction a few heads at a time on the CPU, the reference
   :func:`~tokenfield.models.markov.summarize_attention` on a GPU): row entropy, sink
@@ -43,7 +44,7 @@ at once, each in the corner of a ``(prompts, heads, m, m)`` array of at
 most :data:`CHUNK_ELEMENTS` elements (32 MB in float32, 64 MB in float64; the eager
 path's reduction works on the same array); a longer prompt alone, its ``(heads, n, n)``
 float32 weights and a copy of as many heads as fit in ``CHUNK_ELEMENTS`` (one at
-least; on a GPU one head's float64 copy); the logits a block of rows at a time
+least; on a GPU one head's float64 copy for the reference); the logits a block of rows at a time
 (:data:`ROW_ELEMENTS`). Then only the ``O(heads * n)`` statistics: no block's
 weights outlive its reduction, nothing of size ``n x n`` is kept across blocks.
 The eager path holds, besides the same arrays, the whole batch's ``(batch, heads,
@@ -91,7 +92,7 @@ __all__ = [
 READOUT_FAMILIES = ("llama", "gpt2", "gpt_neox", "bert")
 READOUTS = ("auto", "sdpa", "eager")
 # Elements of one (prompts, heads, m, m) array of short prompts (as the eager path's
-# reduction; float32 on the CPU, float64 on a GPU).
+# reduction, float32).
 CHUNK_ELEMENTS = 1 << 23
 # Elements of one block of float32 logits (heads, rows, n).
 ROW_ELEMENTS = 1 << 20
