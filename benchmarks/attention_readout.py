@@ -81,7 +81,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     if args.device != "cpu" and not torch.cuda.is_available():
-        sys.exit(f"--device {args.device}: no CUDA device on this machine")
+        print(
+            f"--device {args.device}: no CUDA device on this machine "
+            "(torch.cuda.is_available() is False); use --device cpu",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     model = tf.load_model(args.model, device=args.device, random_weights=args.random_weights)
     prompts = long_prompts(model, args.prompts, args.tokens)
     lengths = [len(model.tokenizer(p)["input_ids"]) for p in prompts]

@@ -55,7 +55,12 @@ def main() -> None:
 
     cuda = args.device != "cpu"
     if cuda and not torch.cuda.is_available():
-        sys.exit(f"--device {args.device}: no CUDA device on this machine")
+        print(
+            f"--device {args.device}: no CUDA device on this machine "
+            "(torch.cuda.is_available() is False); use --device cpu",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     kind = "cuda" if cuda else "cpu"
     fixed_on = ("cuda",) if cuda else ("cpu",)
     base = {

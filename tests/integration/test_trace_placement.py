@@ -123,3 +123,20 @@ def test_benchmark_cuda_mode_says_why_it_cannot_run():
     assert done.returncode == 2
     assert "torch.cuda.is_available() is False" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["attention_readout.py", "attention_variants.py"])
+def test_the_attention_benchmarks_refuse_cuda_without_a_gpu_in_one_line(name):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the refusal is for machines without one")
+    script = Path(__file__).parents[2] / "benchmarks" / name
+    done = subprocess.run(
+        [sys.executable, str(script), "--device", "cuda"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "no CUDA device on this machine" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
