@@ -9,8 +9,8 @@ read-out's own functions timed inside one trace (the device synchronised around
 each call, so nested times are inclusive), and on a GPU the heaviest kernels
 (``torch.profiler``).
 
-Unlike ``attention_readout.py`` it leaves torch's thread count alone and keeps the
-eager path out of the timed rounds.
+Unlike ``attention_readout.py`` it leaves torch's thread count alone (unless
+``--threads``) and keeps the eager path out of the timed rounds.
 
 Usage: python benchmarks/attention_variants.py --device cuda --model DIR --random-weights
        [--tokens 64,256] [--prompts 16] [--batch-size 8] [--repeats 3] [--json F]
@@ -40,6 +40,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda or cpu")
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--profile", action="store_true", help="also torch.profiler (GPU)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (default: torch's own count)"
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -62,10 +65,11 @@ def main() -> None:
         )
         sys.exit(2)
     kind = "cuda" if cuda else "cpu"
-    fixed_on = ("cuda",) if cuda else ("cpu",)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     base = {
         "reduce": at.REDUCE_DTYPE[kind],
-        "fixed_on": fixed_on,
+        "fixed_on": at.FIXED_ON,
         "rounds": at.LANCZOS_ROUNDS_CUDA,
         "defer": at.DEFER_ELEMENTS,
     }

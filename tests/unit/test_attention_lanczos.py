@@ -366,6 +366,7 @@ def test_the_cuda_graphs_padding_changes_nothing():
         assert got.shape == expected.shape
         np.testing.assert_allclose(got[:2], expected[:2], rtol=1e-12, atol=1e-14)
         assert torch.equal(got[2], expected[2])
+        np.testing.assert_allclose(got[3], expected[3], rtol=1e-8)  # the gap to the next root
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -782,3 +783,16 @@ def test_a_round_near_the_whole_space_is_skipped(monkeypatch):
     values = torch.linalg.eigvalsh(s)
     expected = torch.maximum(values[:, 0].abs(), values[:, -2].abs())
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0, atol=1e-12)
+
+
+def test_device_ints_are_int64_and_kept_per_device():
+    """On a device other than the CPU the same values give the same tensor back (no
+    second copy from the host), int64 even when empty; on the CPU a new tensor."""
+    meta = torch.device("meta")
+    first = attention.device_ints([3, 1, 2], meta)
+    assert first is attention.device_ints((3, 1, 2), meta)
+    assert first.dtype == torch.long and first.shape == (3,)
+    assert attention.device_ints([], meta).dtype == torch.long
+    on_cpu = attention.device_ints([3, 1, 2], "cpu")
+    assert on_cpu is not attention.device_ints([3, 1, 2], "cpu")
+    assert on_cpu.tolist() == [3, 1, 2] and on_cpu.dtype == torch.long

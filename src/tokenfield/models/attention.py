@@ -235,21 +235,25 @@ class AttentionCapture:
         for block, reduced in enumerate(self.reduced):
             if reduced is None:
                 raise RuntimeError(f"attention of block {block} was not captured")
+
         # one copy to the host per statistic, all the blocks at once (on a GPU each copy
         # is a wait): (blocks, batch, heads, width) and (blocks, batch, heads)
+        def gathered(name: str) -> np.ndarray:  # blocks on several devices: onto the first's
+            first = self.reduced[0][name].device
+            return torch.stack([r[name].to(first) for r in self.reduced]).cpu().numpy()
+
         for name in PER_TOKEN:
-            values = torch.stack([reduced[name] for reduced in self.reduced]).cpu().numpy()
-            out[VARIABLES[name]][:] = values[:, at, :, local]  # (particle, block, head)
+            out[VARIABLES[name]][:] = gathered(name)[:, at, :, local]  # (particle, block, head)
         for name in PER_HEAD:
-            values = torch.stack([reduced[name] for reduced in self.reduced]).cpu().numpy()
-            out[VARIABLES[name]][flags] = values[:, at[flags]].transpose(1, 0, 2)
+            out[VARIABLES[name]][flags] = gathered(name)[:, at[flags]].transpose(1, 0, 2)
         dims = ("particle", "block", "head")
         return {name: (dims, values) for name, values in out.items()}
 
 
 @functools.lru_cache(maxsize=64)
 def _device_ints_cached(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, device=device)
+    with torch.inference_mode(False):  # usable outside a trace's inference mode too
+        return torch.tensor(values, dtype=torch.long, device=device)
 
 
 def device_ints(values: Sequence[int], device: torch.device | str) -> torch.Tensor:
@@ -416,8 +420,9 @@ def _chain_spectrum(a: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     in float64 and to the rounding of ``S`` in float32 (at most 5.2e-7 on SmolLM2's
     chains; dense ``eigvalsh`` for the few matrices it does not certify within
     :data:`LANCZOS_STEPS` steps), at half to a third of its cost from 256 tokens on in
-    float64, a quarter to a sixth in float32. ``|lambda_2|`` comes back in float64,
-    ``pi`` in ``a``'s precision.
+    float64, a quarter to a sixth in float32; on a GPU (:data:`FIXED_ON`) by its rounds
+    of fixed steps instead (:func:`_lanczos_rounds`: no wait for the host within a
+    round). ``|lambda_2|`` comes back in float64, ``pi`` in ``a``'s precision.
 
     Zero rows and columns (padding) add zero eigenvalues to ``S``, which leave
     ``max(|lambda_min|, |lambda_(n-1)|)`` unchanged.
@@ -663,8 +668,9 @@ _RITZ_GAP_FLOAT32 = 1e-6
 _TREE_ELEMENTS = 1 << 23
 # On a GPU, _ritz_batched replays CUDA graphs (_RitzGraphs) for these many matrices (a
 # call takes the smallest that holds it; more: in turn) and rows padded to a power of two
-# from _GRAPH_ROWS: 12 sets at most, each captured on first use (15 to 35 ms) and kept
-# (with six sets in use, 480 MB reserved on the GPU in all).
+# from _GRAPH_ROWS: 20 sets at most (rows up to 512: the Lanczos rounds of a GPU check at
+# m - 1 steps, m up to DENSE_LIMIT), each captured on first use (15 to 35 ms) and kept
+# (with six sets in use, 480 MB reserved on the GPU in all; more with the larger rows).
 _RITZ_GRAPHED = True
 _GRAPH_COUNTS = (64, 256, 512, 1024)
 _GRAPH_ROWS = 32
@@ -693,7 +699,18 @@ def _start_vector(m: int, device: torch.device) -> torch.Tensor:
     """The Lanczos start vector of length ``m``: fixed pseudo-random numbers (its own
     generator, seeded 0, blocks of 4096), the same prefix for every ``m``, whatever the
     global random state."""
-    return _start_blocks(-(-m // 4096))[:m].to(device, copy=True)
+    device = torch.device(device)
+    if device.type == "cpu":
+        return _start_blocks(-(-m // 4096))[:m].clone()
+    return _start_on(m, device)
+
+
+@functools.lru_cache(maxsize=16)
+def _start_on(m: int, device: torch.device) -> torch.Tensor:
+    """:func:`_start_vector` on a GPU, kept (a copy from the host makes it wait); the
+    callers only read it."""
+    with torch.inference_mode(False):
+        return _start_blocks(-(-m // 4096))[:m].to(device, copy=True)
 
 
 @functools.lru_cache(maxsize=4)
@@ -843,8 +860,11 @@ def _lanczos_rounds(
 
     The adaptive schedule of :func:`_lanczos_lambda2` checks each matrix when its
     residual should be small enough: a wait for the host every few steps, which on a
-    GPU cost more than the steps it saved. Same steps, start vector and checks, so
-    the same values to the rounding (``tol`` bounds both). ``s`` is not written.
+    GPU cost more than the steps it saved. The same steps (:func:`_lanczos_step`),
+    start vector and tolerance, so the values agree to it; but no cap of
+    :data:`LANCZOS_STEPS` (the rounds go on to the whole space), and in float32 the
+    Ritz check keeps close ends batched (:data:`_RITZ_GAP_FLOAT32`). ``s`` is not
+    written.
     """
     single = s.dtype == torch.float32
     tol = (LANCZOS_TOL_FLOAT32 if single else LANCZOS_TOL) if tol is None else tol
