@@ -104,3 +104,28 @@ def test_rows_that_give_the_sink_nearly_everything_keep_the_sink_free_chain_exac
         np.testing.assert_allclose(
             got[name][0].numpy(), getattr(expected, name), atol=TOL_FLOAT32, err_msg=name
         )
+
+
+def test_settle_reduces_each_device_apart(monkeypatch):
+    """A model spread over several devices defers weights on each: the deferred arrays
+    of one width are joined per device (one reduction each), never across devices."""
+    from tokenfield.models.attention import AttentionCapture, blank_reduction
+
+    seen = []
+
+    def reduce(weights, lengths, causal):
+        seen.append((weights.device.type, weights.shape[0]))
+        out = blank_reduction(weights.shape[0], weights.shape[1], weights.shape[-1], weights.device)
+        return {name: value.nan_to_num(0.0) for name, value in out.items()}
+
+    monkeypatch.setattr(attention, "_reduce_padded", reduce)
+    capture = AttentionCapture(causal=True)
+    capture.spans = [(0, 4), (0, 4)]
+    capture.reduced = [None] * 4
+    for block, device in enumerate(("cpu", "meta", "cpu", "meta")):
+        work = [([0, 1], torch.zeros((2, 3, 4, 4), device=device),
+                 torch.tensor([4, 4], device=device))]  # fmt: skip
+        capture.defer(block, blank_reduction(2, 3, 4, device), 3, work)
+    capture.settle()
+    assert sorted(seen) == [("cpu", 4), ("meta", 4)]
+    assert not capture.deferred

@@ -164,10 +164,10 @@ class AttentionCapture:
 
     def settle(self) -> None:
         """Reduce the deferred weights (:meth:`defer`), those of the same width
-        at once, and put their statistics into their blocks."""
-        groups: dict[tuple[int, ...], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = {}
-        for item in self.deferred:
-            groups.setdefault(tuple(item[2].shape[1:]), []).append(item)
+        and device at once, and put their statistics into their blocks."""
+        groups: dict[tuple[Any, ...], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = {}
+        for item in self.deferred:  # a model spread over several GPUs: each device apart
+            groups.setdefault((item[2].device, *item[2].shape[1:]), []).append(item)
         self.deferred = []
         for items in groups.values():
             places = [(block, rows) for block, rows, _weights, _lengths in items]
