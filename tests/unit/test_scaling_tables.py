@@ -100,3 +100,30 @@ def test_the_gpu_attention_verdict_needs_every_measurement(tmp_path):
     assert "The 1.5x target on a GPU: met" in "\n".join(script.h200_verdict(data))
     rewrite(script.H200_ATTENTION[0][1], lambda r: r["wall_medians_s"].update(plain=0.1))
     assert "**not supported**" in "\n".join(script.h200_verdict(data))
+
+
+def test_the_cpu_attention_verdict_counts_every_run_of_a_length(tmp_path):
+    """A length is "met" only if every run of it (the committed one and any rerun) gives
+    at most 1.5x; a rerun above the line turns it to "not supported"."""
+    import json
+    import shutil
+
+    script = load_script()
+    data = tmp_path / "scale"
+    shutil.copytree(ROOT / "docs" / "data" / "scale", data)
+    for path in data.glob("cpu2-attention-*-rerun.json"):
+        path.unlink()
+    for tokens in script.ATTENTION_TOKENS:
+        path = data / f"cpu2-attention-{tokens}.json"
+        result = json.loads(path.read_text())
+        result["wall_medians_s"]["attention (queries and keys)"] = (
+            1.4 * result["wall_medians_s"]["plain"]
+        )
+        path.write_text(json.dumps(result))
+    said = "\n".join(script.cpu_attention_verdict(data))
+    assert "not supported" not in said and "met at 64 tokens (1.40x)" in said
+    rerun = json.loads((data / "cpu2-attention-256.json").read_text())
+    rerun["wall_medians_s"]["attention (queries and keys)"] = 1.6 * rerun["wall_medians_s"]["plain"]
+    (data / "cpu2-attention-256-rerun.json").write_text(json.dumps(rerun))
+    said = "\n".join(script.cpu_attention_verdict(data))
+    assert "**not supported** at 256 tokens (1.40x, 1.60x)" in said
