@@ -174,10 +174,26 @@ GPU_ATTENTION = (
 )
 
 
+READOUT_HEADER = (
+    "| plain trace | `--attention` (queries and keys) | `--attention` (eager) | queries and "
+    "keys / plain | eager / plain | eigensolves' share (queries and keys) |"
+)
+
+
+def readout_cells(r: dict) -> str:
+    """The cells of :data:`READOUT_HEADER` for one ``attention_readout.py --json`` run."""
+    new, old = "attention (queries and keys)", "attention (eager)"
+    wall = r["wall_medians_s"]
+    return (
+        f"| {wall['plain']:.2f} s | {wall[new]:.2f} s | {wall[old]:.2f} s "
+        f"| {wall[new] / wall['plain']:.2f}x | {wall[old] / wall['plain']:.2f}x "
+        f"| {r['eigensolve_share'][new]:.0%} |"
+    )
+
+
 def gpu_attention_table(data: Path) -> list[str]:
     """``benchmarks/attention_readout.py --device cuda --json``: the read-out on long
     prompts on the GPU, before and after each change."""
-    new, old = "attention (queries and keys)", "attention (eager)"
     first = load(data, GPU_ATTENTION[-1][1])
     lines = [
         f"The attention read-out on long prompts on the same GPU (`benchmarks/"
@@ -186,19 +202,11 @@ def gpu_attention_table(data: Path) -> list[str]:
         f"positions all, median of {first['repeats']} rounds; the eager path reduces each "
         "block at once, as before):",
         "",
-        "| prompt tokens | code | plain trace | `--attention` (queries and keys) | "
-        "`--attention` (eager) | queries and keys / plain | eager / plain | "
-        "eigensolves' share (queries and keys) |",
+        f"| prompt tokens | code {READOUT_HEADER}",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for tokens, name, label in GPU_ATTENTION:
-        r = load(data, name)
-        wall = r["wall_medians_s"]
-        lines.append(
-            f"| {tokens} | {label} | {wall['plain']:.2f} s | {wall[new]:.2f} s "
-            f"| {wall[old]:.2f} s | {wall[new] / wall['plain']:.2f}x "
-            f"| {wall[old] / wall['plain']:.2f}x | {r['eigensolve_share'][new]:.0%} |"
-        )
+        lines.append(f"| {tokens} | {label} {readout_cells(load(data, name))}")
     return lines
 
 
@@ -213,21 +221,13 @@ H200_ATTENTION = (
 def h200_attention_table(data: Path) -> list[str]:
     """``benchmarks/attention_readout.py --device cuda --json`` on the H200, with the
     benchmark's one torch thread and with all 16."""
-    new, old = "attention (queries and keys)", "attention (eager)"
     lines = [
-        "| prompt tokens | torch threads | plain trace | `--attention` (queries and keys) | "
-        "`--attention` (eager) | queries and keys / plain | eager / plain | "
-        "eigensolves' share (queries and keys) |",
+        f"| prompt tokens | torch threads {READOUT_HEADER}",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for tokens, name in H200_ATTENTION:
         r = load(data, name)
-        wall = r["wall_medians_s"]
-        lines.append(
-            f"| {tokens} | {r['threads']} | {wall['plain']:.2f} s | {wall[new]:.2f} s "
-            f"| {wall[old]:.2f} s | {wall[new] / wall['plain']:.2f}x "
-            f"| {wall[old] / wall['plain']:.2f}x | {r['eigensolve_share'][new]:.0%} |"
-        )
+        lines.append(f"| {tokens} | {r['threads']} {readout_cells(r)}")
     return lines
 
 
