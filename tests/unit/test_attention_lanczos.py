@@ -521,6 +521,115 @@ def test_chains_the_compiled_lanczos_does_not_certify_are_solved_densely(monkeyp
     np.testing.assert_allclose(lam[:, 0].numpy(), expected, rtol=0, atol=TOL_FLOAT32)
 
 
+def sink_free_dense(a: np.ndarray) -> float:
+    """``|lambda_2|`` of ``a`` without the sink (the reference's ``without_sink``)."""
+    from tokenfield.models.markov import without_sink
+
+    return dense(without_sink(a))
+
+
+def compiled_chains(
+    chains: np.ndarray, masks: np.ndarray, skip: int, temple: float = 1e-6
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(lam, pi, taken)`` of the compiled kernel, ``(count, chains)`` etc."""
+    count, m = chains.shape[0], chains.shape[-1]
+    width = 2 if skip == 2 else 1
+    lam, taken = np.empty((count, width)), np.empty((count, width), np.int64)
+    pi = np.empty((count, width, m), np.float32)
+    start = attention._start_vector(m, torch.device("cpu")).float().numpy()
+    compiled.chain_lambda2(chains, masks, skip, start, 1e-5, temple, 250, 16, 1e-5, lam, pi, taken)
+    return lam, pi, taken
+
+
+def test_both_chains_in_lockstep_equal_each_chain_alone_and_dense():
+    """``skip = 2`` (both chains of a matrix, one pass over it a step for both products)
+    against ``skip = 0`` and ``skip = 1`` apart: causal chains (padded, one whose sink
+    holds every row, so that the sink-free chain is all self-loops) and one that is not
+    lower triangular (two products apart). Same steps and the same numbers up to
+    float32's rounding, both equal to dense ``eigvalsh``."""
+    rng = np.random.default_rng(21)
+    width = attention.COMPILED_FROM + 60
+    chains = [causal_attention(n, rng)[0] for n in (width, width - 11, 50)]
+    sink = np.zeros((width, width))
+    sink[:, 0] = 1.0
+    chains.append(sink)
+    full = np.exp(rng.normal(size=(width, width)) * 2)
+    chains.append(full / full.sum(1, keepdims=True))
+    a, valid = padded(chains, width)
+    a, valid = a[:, 0].float().contiguous().numpy(), valid[:, 0].float().contiguous().numpy()
+    rest = valid.copy()
+    rest[:, 0] = 0.0
+    both = compiled_chains(a, valid, 2)
+    alone = [compiled_chains(a, valid, 0), compiled_chains(a, rest, 1)]
+    for j in range(2):
+        np.testing.assert_allclose(both[0][:, j], alone[j][0][:, 0], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(both[1][:, j], alone[j][1][:, 0], rtol=0, atol=1e-7)
+        assert (np.abs(both[2][:, j] - alone[j][2][:, 0]) <= 2).all()  # rounding moves a check
+    expected = np.array([[dense(c), sink_free_dense(c)] for c in chains])
+    np.testing.assert_allclose(both[0], expected, rtol=0, atol=TOL_FLOAT32)
+    assert both[0][3, 1] == 1.0 or abs(both[0][3, 1] - expected[3, 1]) < TOL_FLOAT32
+
+
+def test_the_compiled_ritz_ends_give_the_neighbour_of_the_answer(lanczos_rows):
+    """:func:`_lanczos_cpu.ritz_ends`: both ends, their last components, and the
+    eigenvalue next to the end of larger modulus with its last component, against
+    ``numpy.linalg.eigh`` of ``T_k``."""
+    alpha, beta = lanczos_rows
+    out, plus, minus = np.empty(6), np.empty(alpha.shape[1]), np.empty(alpha.shape[1])
+    checked = 0
+    for k in (2, 5, 24, 40):
+        for a, b in zip(alpha[:, :k], beta[:, :k], strict=True):
+            compiled.ritz_ends(a, b, k, plus, minus, out)
+            theta, y = np.linalg.eigh(np.diag(a) + np.diag(b[:-1], 1) + np.diag(b[:-1], -1))
+            top = abs(theta[-1]) >= abs(theta[0])
+            near = k - 2 if top else 1
+            scale = max(abs(theta[0]), abs(theta[-1]))
+            np.testing.assert_allclose(out[:2], theta[[0, -1]], rtol=0, atol=1e-12 * scale)
+            np.testing.assert_allclose(out[4], theta[near], rtol=0, atol=1e-12 * scale)
+            np.testing.assert_allclose(out[2:4], np.abs(y[-1, [0, -1]]), rtol=1e-6, atol=1e-13)
+            if np.isfinite(out[5]):
+                np.testing.assert_allclose(out[5], abs(y[-1, near]), rtol=1e-6, atol=1e-13)
+                checked += 1
+    assert checked > 100
+
+
+def test_the_certificate_takes_temples_bound_and_an_end_that_cannot_win():
+    """:func:`_lanczos_cpu._excess` (below 0: certified), ``tol`` 1e-5: ends ``-0.3``
+    and ``0.9``, the neighbour of ``0.9`` at ``0.5``."""
+    excess = compiled._excess
+
+    def ends(y_low, y_high, y_near, near=0.5):
+        return np.array([-0.3, 0.9, y_low, y_high, near, y_near])
+
+    assert excess(ends(1e-6, 1e-6, 1e-3), 1.0, 1e-5, 1e-6) < 0  # both bounds below tol
+    # the answer's bound 1e-4: not by the bound, but r^2 / delta = 1e-8 / 0.4 by Temple's
+    assert excess(ends(1e-6, 1e-4, 1e-3), 1.0, 1e-5, 0.0) > 0
+    assert excess(ends(1e-6, 1e-4, 1e-3), 1.0, 1e-5, 1e-6) < 0
+    # the neighbour's own bound (0.45) leaves delta below 0: no Temple
+    assert excess(ends(1e-6, 1e-4, 0.45), 1.0, 1e-5, 1e-6) > 0
+    assert excess(ends(1e-6, 1e-4, 1e-3, near=0.9 - 1e-7), 1.0, 1e-5, 1e-6) > 0  # delta 1e-7
+    # the other end's bound 0.5: moved by it (|-0.3| + 0.5 = 0.8) it stays below 0.9
+    assert excess(ends(0.5, 1e-6, 1e-3), 1.0, 1e-5, 1e-6) < 0
+    assert excess(ends(0.7, 1e-6, 1e-3), 1.0, 1e-5, 1e-6) > 0  # 1.0 > 0.9: it might win
+    # the coupling beta_k scales every bound
+    assert excess(ends(0.5, 1e-6, 1e-3), 2.0, 1e-5, 1e-6) > 0
+
+
+def test_temples_bound_saves_steps_and_keeps_the_numbers():
+    """On random causal chains: fewer Lanczos steps with Temple's bound than with the
+    residual bounds alone, and still within float32's rounding of dense ``eigvalsh``."""
+    rng = np.random.default_rng(22)
+    n = 200
+    chains = causal_attention(n, rng, heads=12).astype(np.float32)
+    masks = np.ones((12, n), np.float32)
+    with_temple = compiled_chains(chains, masks, 2, temple=1e-6)
+    bounds_only = compiled_chains(chains, masks, 2, temple=0.0)
+    assert with_temple[2].sum() < bounds_only[2].sum()
+    expected = np.array([[dense(c), sink_free_dense(c)] for c in chains.astype(np.float64)])
+    for got in (with_temple, bounds_only):
+        np.testing.assert_allclose(got[0], expected, rtol=0, atol=TOL_FLOAT32)
+
+
 def test_the_compiled_logarithm_is_within_two_ulp():
     """Cephes' ``logf`` polynomial (:func:`_lanczos_cpu._log`) against float64 ``log``,
     from the smallest normal float32 to 1 and around its branch at ``sqrt(1/2)``."""
@@ -579,24 +688,33 @@ def five_chains() -> tuple[torch.Tensor, torch.Tensor]:
     return a.reshape(5, 1, n, n).float(), valid.reshape(5, 1, n).float()
 
 
-@pytest.mark.parametrize("skip", [0, 1])
+@pytest.mark.parametrize("skip", [0, 1, 2])
 def test_the_chains_on_torchs_openmp_team_give_the_same_numbers(skip):
     """Two torch threads: the compiled Lanczos runs inside a parallel region of torch's
     own OpenMP runtime (``_omp.chains_in_team``), each thread on its run of the chains;
     the numbers are those of one call on one thread, bit for bit."""
     a, valid = five_chains()
     m = a.shape[-1]
-    if skip:
+    if skip == 1:  # 2: both chains, token 0 valid (dropped for the second)
         valid[..., 0] = 0.0
     torch.tensor([1.0]).exp()  # torch (and its OpenMP runtime) loaded and started
     if _omp._team() is None:
         pytest.skip("torch runs no libgomp here")
     chains, masks = a.reshape(5, m, m).numpy(), valid.reshape(5, m).numpy()
     start = attention._start_vector(m, torch.device("cpu")).float().numpy()
-    args = (skip, start, 1e-5, 250, 16, 1e-5)
-    one = (np.empty(5), np.empty((5, m), np.float32), np.empty(5, np.int64))
+    args = (skip, start, 1e-5, 1e-6, 250, 16, 1e-5)
+    width = 2 if skip == 2 else 1
+    one = (
+        np.empty((5, width)),
+        np.empty((5, width, m), np.float32),
+        np.empty((5, width), np.int64),
+    )
     compiled.chain_lambda2(chains, masks, *args, *one)
-    team = (np.full(5, np.nan), np.full((5, m), np.nan, np.float32), np.zeros(5, np.int64))
+    team = (
+        np.full((5, width), np.nan),
+        np.full((5, width, m), np.nan, np.float32),
+        np.zeros((5, width), np.int64),
+    )
     assert _omp.chains_in_team(2, chains, masks, *args, *team)
     for expected, got in zip(one, team, strict=True):
         np.testing.assert_array_equal(got, expected)

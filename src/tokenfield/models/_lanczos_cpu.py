@@ -161,13 +161,17 @@ def _last_component(alpha, beta, k, theta, plus, minus, pivot):  # pragma: no co
 
 
 @njit(cache=True, nogil=True)
-def ritz_check(alpha, beta, k, plus, minus):  # pragma: no cover - compiled
-    """``(max(|theta_min|, |theta_max|), max(|y_k(theta_min)|, |y_k(theta_max)|))`` of
-    ``T_k`` (diagonal ``alpha[:k]``, couplings ``beta[:k - 1]``): the largest modulus of
-    its extreme eigenvalues and the larger last eigenvector component of the two
-    (times ``beta_k``: the residual bound)."""
+def ritz_ends(alpha, beta, k, plus, minus, out):  # pragma: no cover - compiled
+    """The extreme eigenpairs of ``T_k`` (diagonal ``alpha[:k]``, couplings ``beta[:k -
+    1]``) as ``out``: ``theta_min``, ``theta_max``, the last components ``|y_k|`` of
+    their unit eigenvectors, then the neighbour of the larger ``|theta|`` (the next
+    eigenvalue inward) and its ``|y_k|`` (``inf`` where it is not known: ``k = 1``, or
+    the neighbour itself has a neighbour closer than :data:`CLUSTER`). Times the next
+    coupling ``beta_k``, the ``|y_k|`` are the residual bounds."""
     if k == 1:
-        return abs(alpha[0]), 1.0
+        out[0], out[1], out[2], out[3] = alpha[0], alpha[0], 1.0, 1.0
+        out[4], out[5] = alpha[0], np.inf
+        return
     beta2 = np.empty(k)
     low, high, largest = np.inf, -np.inf, 0.0
     for i in range(k):
@@ -187,12 +191,25 @@ def ritz_check(alpha, beta, k, plus, minus):  # pragma: no cover - compiled
     gap = CLUSTER * spread
     apart = _count_below(alpha, beta2, k, smallest + gap, pivot) <= 1
     apart = apart and _count_below(alpha, beta2, k, biggest - gap, pivot) >= k - 1
+    top_end = abs(biggest) >= abs(smallest)
     if k == 2 or apart:
-        ends = max(
-            _last_component(alpha, beta, k, smallest, plus, minus, pivot),
-            _last_component(alpha, beta, k, biggest, plus, minus, pivot),
-        )
-        return max(abs(smallest), abs(biggest)), ends
+        out[0], out[1] = smallest, biggest
+        out[2] = _last_component(alpha, beta, k, smallest, plus, minus, pivot)
+        out[3] = _last_component(alpha, beta, k, biggest, plus, minus, pivot)
+        if k == 2:
+            out[4], out[5] = (smallest, out[2]) if top_end else (biggest, out[3])
+            return
+        index = k - 2 if top_end else 1
+        near = _eigenvalue(alpha, beta2, k, index, low, high, pivot)
+        out[4], out[5] = near, np.inf
+        # the neighbour's own eigenvector well determined: nothing else within CLUSTER
+        if top_end:
+            alone = _count_below(alpha, beta2, k, near - gap, pivot) >= k - 2
+        else:
+            alone = _count_below(alpha, beta2, k, near + gap, pivot) <= 2
+        if alone:
+            out[5] = _last_component(alpha, beta, k, near, plus, minus, pivot)
+        return
     t = np.zeros((k, k))
     for i in range(k):
         t[i, i] = alpha[i]
@@ -200,8 +217,46 @@ def ritz_check(alpha, beta, k, plus, minus):  # pragma: no cover - compiled
             t[i, i + 1] = beta[i]
             t[i + 1, i] = beta[i]
     values, vectors = np.linalg.eigh(t)
-    ends = max(abs(vectors[k - 1, 0]), abs(vectors[k - 1, k - 1]))
-    return max(abs(values[0]), abs(values[k - 1])), ends
+    out[0], out[1] = values[0], values[k - 1]
+    out[2], out[3] = abs(vectors[k - 1, 0]), abs(vectors[k - 1, k - 1])
+    out[4] = values[k - 2] if top_end else values[1]
+    out[5] = np.inf  # a cluster at an end: no gap to lean on
+
+
+@njit(cache=True, nogil=True)
+def ritz_check(alpha, beta, k, plus, minus):  # pragma: no cover - compiled
+    """``(max(|theta_min|, |theta_max|), max(|y_k(theta_min)|, |y_k(theta_max)|))`` of
+    ``T_k`` (:func:`ritz_ends`): the largest modulus of its extreme eigenvalues and the
+    larger last eigenvector component of the two (times ``beta_k``: the residual bound)."""
+    out = np.empty(6)
+    ritz_ends(alpha, beta, k, plus, minus, out)
+    return max(abs(out[0]), abs(out[1])), max(out[2], out[3])
+
+
+@njit(cache=True, nogil=True)
+def _excess(ends, coupling, tol, temple):  # pragma: no cover - compiled
+    """How far (decades) the Ritz pairs ``ends`` (:func:`ritz_ends`, residual bounds
+    ``coupling |y_k|``) are from certifying ``|lambda_2| = max(|theta_min|,
+    |theta_max|)``; below 0: certified. The end of the larger ``|theta|`` (the answer) is
+    certified when its residual bound ``r`` is below ``tol``, or when ``r^2 / delta`` is
+    below ``temple`` (Temple's inequality: the error of a Ritz value is at most ``r^2``
+    over the distance ``delta`` to the rest of the spectrum, estimated as the distance to
+    the neighbouring Ritz value less that one's own bound). The other end is certified
+    when its bound is below ``tol``, or when even moved by its bound it stays inside the
+    answer's modulus (it cannot be the answer)."""
+    low, high = abs(ends[0]), abs(ends[1])
+    r_low, r_high = coupling * ends[2], coupling * ends[3]
+    if high >= low:
+        value, r, other, r_other = high, r_high, low, r_low
+    else:
+        value, r, other, r_other = low, r_low, high, r_high
+    target = tol
+    delta = abs((ends[1] if high >= low else ends[0]) - ends[4]) - coupling * ends[5]
+    if temple > 0.0 and delta > 0.0:
+        target = max(target, np.sqrt(temple * delta))
+    target_other = max(tol, value - other)
+    worst = max(r / target, r_other / target_other)
+    return np.log10(max(worst, 1e-300))
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST)
@@ -330,99 +385,246 @@ def _multiply(a, skip, scale, loop, root, q, scaled, out, lower):  # pragma: no 
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST)
-def _lanczos(
-    a,
-    skip,
-    scale,
-    loop,
-    root,
-    lower,
-    top,
-    start,
-    tol,
-    steps,
-    first,
-    breakdown,
-    basis,
-    w,
-    scaled,
-    alpha,
-    beta,
-    plus,
-    minus,
-):  # pragma: no cover
-    """The largest ``|eigenvalue|`` of ``s - top top^T``; ``-1`` when not certified
-    within ``steps`` steps. Returns ``(value, steps taken)``."""
+def _four_rows_pair(a, i, scale, loop, scaled, out):  # pragma: no cover - compiled
+    """:func:`_four_rows` for two chains of the same ``a`` at once (``scale``, ``loop``,
+    ``scaled``, ``out`` ``(2, m)``): each load of ``a`` serves both products (1.2 times
+    one product's time for the two, against 2)."""
+    r0, r1, r2, r3 = a[i], a[i + 1], a[i + 2], a[i + 3]
+    x, y = scaled[0], scaled[1]
+    out_x, out_y = out[0], out[1]
+    u0, u1 = x[i] * scale[0, i], x[i + 1] * scale[0, i + 1]
+    u2, u3 = x[i + 2] * scale[0, i + 2], x[i + 3] * scale[0, i + 3]
+    v0, v1 = y[i] * scale[1, i], y[i + 1] * scale[1, i + 1]
+    v2, v3 = y[i + 2] * scale[1, i + 2], y[i + 3] * scale[1, i + 3]
+    t0, t1 = np.float32(0.0), np.float32(0.0)
+    t2, t3 = np.float32(0.0), np.float32(0.0)
+    s0, s1 = np.float32(0.0), np.float32(0.0)
+    s2, s3 = np.float32(0.0), np.float32(0.0)
+    for j in range(i):
+        e0, e1, e2, e3 = r0[j], r1[j], r2[j], r3[j]
+        p, q = x[j], y[j]
+        t0 += e0 * p
+        t1 += e1 * p
+        t2 += e2 * p
+        t3 += e3 * p
+        s0 += e0 * q
+        s1 += e1 * q
+        s2 += e2 * q
+        s3 += e3 * q
+        out_x[j] += e0 * u0 + e1 * u1 + e2 * u2 + e3 * u3
+        out_y[j] += e0 * v0 + e1 * v1 + e2 * v2 + e3 * v3
+    totals = ((t0, t1, t2, t3), (s0, s1, s2, s3))
+    ups = ((u0, u1, u2, u3), (v0, v1, v2, v3))
+    for c in range(2):  # the corners: row i + r, columns i .. i + r
+        into, by = out[c], scaled[c]
+        for r in range(4):
+            row = a[i + r]
+            total = totals[c][r]
+            for j in range(i, i + r + 1):
+                total += row[j] * by[j]
+                into[j] += row[j] * ups[c][r]
+            into[i + r] += total * scale[c, i + r] + np.float32(2.0) * loop[c, i + r] * by[i + r]
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _multiply_pair(a, scale, loop, root, basis, k, scaled, w):  # pragma: no cover
+    """:func:`_multiply` of both chains of a lower triangular ``a`` in one pass over it:
+    ``w[c] = S_c q_k`` of chain ``c`` (0 ``a`` itself, 1 without the sink), ``q_k`` from
+    ``basis[c, k]``."""
     m = a.shape[0]
-    steps = min(steps, m - 1)
+    for c in range(2):
+        for i in range(m):
+            scaled[c, i] = root[c, i] * basis[c, k, i]
+            w[c, i] = 0.0
+    scaled[1, 0] = 0.0  # column 0 out of the sink-free products (its row 0 has scale 0)
+    first = 0
+    while first + 4 <= m:
+        _four_rows_pair(a, first, scale, loop, scaled, w)
+        first += 4
+    for c in range(2):
+        for i in range(first, m):
+            row = a[i]
+            factor = scale[c, i]
+            ui = scaled[c, i] * factor
+            total = np.float32(0.0)
+            for j in range(i + 1):
+                total += row[j] * scaled[c, j]
+                w[c, j] += row[j] * ui
+            w[c, i] += total * factor + np.float32(2.0) * loop[c, i] * scaled[c, i]
+    w[1, 0] = 0.0
+    for c in range(2):
+        for i in range(m):
+            w[c, i] *= root[c, i]
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _orthogonalise(basis, k, w, c):  # pragma: no cover - compiled
+    """``w`` against ``basis[0 .. k]`` (Gram-Schmidt, classical, ``c`` the
+    projections); returns the projection on ``basis[k]``. Loops, not ``@``: the
+    products allocate and call BLAS, slower at these sizes (3.1 against 4.3 us a pass
+    pair at ``k = 20``, 512 tokens)."""
+    m = w.shape[0]
+    for r in range(k + 1):
+        row = basis[r]
+        total = np.float32(0.0)
+        for j in range(m):
+            total += row[j] * w[j]
+        c[r] = total
+    for r in range(k + 1):
+        row = basis[r]
+        factor = c[r]
+        for j in range(m):
+            w[j] -= factor * row[j]
+    return c[k]
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _begin(top, start, breakdown, basis):  # pragma: no cover - compiled
+    """``basis[0] = top``, ``basis[1]`` the start orthogonalised against it (twice) and
+    normalised; ``False`` where nothing is left of the start (no valid token but top)."""
     basis[0] = top
     q = start - top * np.dot(top, start)
     q = q - top * np.dot(top, q)
     norm = np.sqrt(np.dot(q, q))
     if not norm > breakdown * np.sqrt(np.dot(start, start)):
-        return 0.0, 0  # nothing valid but top: no eigenvalue left to bound
+        return False
     basis[1] = q / norm
-    due = first
-    last_step, last_log = -1, 0.0
+    return True
+
+
+RUNNING = -2.0  # :func:`_advance`: the chain goes on
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _advance(
+    k, steps, basis, w, c, alpha, beta, plus, minus, ends, tol, temple, breakdown, state
+):  # pragma: no cover - compiled
+    """Lanczos step ``k`` of one chain after its product ``w = S q_k``: ``w``
+    orthogonalised twice against every ``q`` so far (``alpha_k`` from the first pass),
+    ``beta_k``, ``q_(k+1)``; a Ritz check when due (``state``: the next check's step,
+    the last check's step and excess). Returns ``|lambda_2|`` once certified
+    (:func:`_excess`), ``-1`` where ``k`` is the last step and it is not, else
+    :data:`RUNNING`."""
+    alpha[k - 1] = _orthogonalise(basis, k, w, c)
+    _orthogonalise(basis, k, w, c)
+    beta[k - 1] = np.sqrt(np.dot(w, w))
+    if not beta[k - 1] > breakdown:  # the Krylov space is spent: T_k is exact
+        ritz_ends(alpha, beta, k, plus, minus, ends)
+        return max(abs(ends[0]), abs(ends[1]))
+    basis[k + 1] = w / np.float32(beta[k - 1])
+    if k < state[0] and k < steps:
+        return RUNNING
+    ritz_ends(alpha, beta, k, plus, minus, ends)
+    now = _excess(ends, beta[k - 1], tol, temple)
+    if now < 0.0:
+        return max(abs(ends[0]), abs(ends[1]))
+    if k >= steps:
+        return -1.0
+    # the next check: when the excess reaches 0 at the rate it fell (0.15 decades a step
+    # at least), 2 to 8 steps on; 4 after the first
+    wait = 4
+    if state[1] >= 0:
+        rate = max((state[2] - now) / (k - state[1]), 0.15)
+        wait = min(max(int(np.ceil(now / rate)), 2), 8)
+    state[0], state[1], state[2] = k + wait, k, now
+    return RUNNING
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _lanczos(
+    a, chains, drops, scale, loop, root, lower, top, start, tol, temple, steps, first,
+    breakdown, basis, w, scaled, c, alpha, beta, plus, minus, ends, state, lam, taken,
+):  # pragma: no cover  # fmt: skip
+    """The largest ``|eigenvalue|`` of ``S_c - top_c top_c^T`` of each of the ``chains``
+    chains ``c`` of ``a`` (1: ``a`` itself or without the sink; 2: both) into
+    ``lam[c]``, ``-1`` where not certified within ``steps`` steps; the steps into
+    ``taken[c]``. ``drops[c]``: chain ``c`` is without the sink (:func:`_sink_free`). Two chains of a lower triangular ``a`` take their products together
+    (:func:`_multiply_pair`) while both run."""
+    m = a.shape[0]
+    steps = min(steps, m - 1)
+    live = 0
+    for j in range(chains):
+        if _begin(top[j], start[j], breakdown, basis[j]):
+            live += 1
+            lam[j], taken[j] = RUNNING, 0
+            state[j, 0], state[j, 1], state[j, 2] = first, -1.0, 0.0
+        else:
+            lam[j], taken[j] = 0.0, 0  # nothing valid but top: no eigenvalue left to bound
     for k in range(1, steps + 1):
-        _multiply(a, skip, scale, loop, root, basis[k], scaled, w, lower)  # w = S q_k
-        # Gram-Schmidt twice against top and every q so far (alpha_k from the first)
-        b = basis[: k + 1]
-        c = b @ w
-        alpha[k - 1] = c[k]
-        w -= b.T @ c
-        c = b @ w
-        w -= b.T @ c
-        beta[k - 1] = np.sqrt(np.dot(w, w))
-        if not beta[k - 1] > breakdown:  # the Krylov space is spent: T_k is exact
-            value, _ends = ritz_check(alpha, beta, k, plus, minus)
-            return value, k
-        basis[k + 1] = w / np.float32(beta[k - 1])
-        if k < due and k < steps:
-            continue
-        value, ends = ritz_check(alpha, beta, k, plus, minus)
-        residual = beta[k - 1] * ends
-        if residual < tol:
-            return value, k
-        # the next check: when the residual reaches tol at the rate it fell (0.15
-        # decades a step at least), 2 to 8 steps on; 4 after the first
-        now = np.log10(max(residual, 1e-300))
-        wait = 4
-        if last_step >= 0:
-            rate = max((last_log - now) / (k - last_step), 0.15)
-            wait = min(max(int(np.ceil((now - np.log10(tol)) / rate)), 2), 8)
-        last_step, last_log = k, now
-        due = k + wait
-    return -1.0, steps
+        if live == 0:
+            break
+        if live == 2 and lower:
+            _multiply_pair(a, scale, loop, root, basis, k, scaled, w)
+        else:
+            for j in range(chains):
+                if lam[j] == RUNNING:
+                    _multiply(a, drops[j], scale[j], loop[j], root[j], basis[j, k], scaled[j],
+                              w[j], lower)  # fmt: skip
+        for j in range(chains):
+            if lam[j] != RUNNING:
+                continue
+            value = _advance(
+                k, steps, basis[j], w[j], c, alpha[j], beta[j], plus, minus, ends, tol,
+                temple, breakdown, state[j],
+            )  # fmt: skip
+            if value != RUNNING:
+                lam[j], taken[j] = value, k
+                live -= 1
+    for j in range(chains):
+        if lam[j] == RUNNING:  # no step at all (m < 2)
+            lam[j], taken[j] = -1.0, steps
 
 
 @njit(cache=True, nogil=True)
 def chain_lambda2(
-    a, valid, skip, start, tol, steps, first, breakdown, lam, pi, taken
+    a, valid, skip, start, tol, temple, steps, first, breakdown, lam, pi, taken
 ):  # pragma: no cover
     """``|lambda_2|`` (into ``lam``, float64; ``-1`` where not certified), ``pi`` and the
-    Lanczos steps (``taken``) of the chain of each ``a[g]`` ``(m, m)`` float32 (zero
-    outside ``valid[g]``), one after another: ``a`` itself (``skip = 0``) or ``a``
-    without the sink (``skip = 1``, ``valid[g][0]`` 0; :func:`_sink_free`). A lower
-    triangular ``a`` (causal) is read below its diagonal only."""
+    Lanczos steps (``taken``) of the chains of each ``a[g]`` ``(m, m)`` float32 (zero
+    outside ``valid[g]``), one matrix after another: ``skip = 0`` ``a`` itself, ``skip =
+    1`` ``a`` without the sink (``valid[g][0]`` 0; :func:`_sink_free`), ``skip = 2`` both
+    (``valid[g]`` ``a``'s; its chains' Lanczos in lockstep, one pass over ``a`` a step
+    for both products). ``lam``, ``taken`` ``(count, chains)``, ``pi`` ``(count,
+    chains, m)``, ``chains`` 2 for ``skip = 2``, else 1. A lower triangular ``a``
+    (causal) is read below its diagonal only. ``temple``: :func:`_excess`'s bound on
+    ``r^2 / delta`` (0: residual bounds alone)."""
     count, m = a.shape[0], a.shape[-1]
-    root = np.empty(m, dtype=np.float32)
-    top = np.empty(m, dtype=np.float32)
-    basis = np.empty((min(steps, m - 1) + 2, m), dtype=np.float32)
-    w = np.empty(m, dtype=np.float32)
-    scaled = np.empty(m, dtype=np.float32)
-    alpha = np.empty(steps + 1)
-    beta = np.empty(steps + 1)
+    chains = 2 if skip == 2 else 1
+    steps = max(min(steps, m - 1), 1)
+    root = np.empty((chains, m), dtype=np.float32)
+    top = np.empty((chains, m), dtype=np.float32)
+    starts = np.empty((chains, m), dtype=np.float32)
+    basis = np.empty((chains, steps + 2, m), dtype=np.float32)
+    w = np.empty((chains, m), dtype=np.float32)
+    scaled = np.empty((chains, m), dtype=np.float32)
+    scale = np.empty((chains, m), dtype=np.float32)
+    loop = np.empty((chains, m), dtype=np.float32)
+    inside = np.empty((chains, m), dtype=np.float32)
+    c = np.empty(steps + 2, dtype=np.float32)
+    alpha = np.empty((chains, steps + 1))
+    beta = np.empty((chains, steps + 1))
     plus = np.empty(steps + 1)
     minus = np.empty(steps + 1)
-    scale = np.empty(m, dtype=np.float32)
-    loop = np.empty(m, dtype=np.float32)
+    ends = np.empty(6)
+    state = np.empty((chains, 3))
+    drops = np.zeros(chains, dtype=np.int64)  # chain j without the sink
+    drops[chains - 1] = 1 if skip >= 1 else 0
     for g in range(count):
-        _sink_free(a[g], valid[g], skip, scale, loop)
-        lower = _degrees(a[g], valid[g], skip, scale, loop, root, pi[g], top)
-        lam[g], taken[g] = _lanczos(
-            a[g], skip, scale, loop, root, lower, top, start * valid[g], tol, steps, first,
-            breakdown, basis, w, scaled, alpha, beta, plus, minus,
+        lower = True
+        for j in range(chains):
+            inside[j] = valid[g]
+            if skip == 2 and j == 1:
+                inside[j, 0] = 0.0
+            _sink_free(a[g], inside[j], drops[j], scale[j], loop[j])
+            lower = _degrees(
+                a[g], inside[j], drops[j], scale[j], loop[j], root[j], pi[g, j], top[j]
+            )
+            for i in range(m):
+                starts[j, i] = start[i] * inside[j, i]
+        _lanczos(
+            a[g], chains, drops, scale, loop, root, lower, top, starts, tol, temple, steps, first,
+            breakdown, basis, w, scaled, c, alpha, beta, plus, minus, ends, state, lam[g],
+            taken[g],
         )  # fmt: skip
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 # the argument block handed to the callback (tokenfield.models._omp_body.SLOTS, which
-# compiles on import): int64 slots, the two floats as their bits (11 and 14), the two
-# OpenMP functions' addresses (12 and 13)
-_SLOTS = 15
+# compiles on import): int64 slots, the three floats as their bits (11, 14 and 15), the
+# two OpenMP functions' addresses (12 and 13)
+_SLOTS = 16
 _LOCK = threading.Lock()
 
 
@@ -76,6 +76,7 @@ def chains_in_team(
     skip: int,
     start: np.ndarray,
     tol: float,
+    temple: float,
     steps: int,
     first: int,
     breakdown: float,
@@ -101,7 +102,7 @@ def chains_in_team(
     block[:6] = [array.ctypes.data for array in arrays]
     block[6:11] = [count, m, skip, steps, first]
     block[12:14] = [thread_num, num_threads]
-    block.view(np.float64)[[11, 14]] = [tol, breakdown]
+    block.view(np.float64)[[11, 14, 15]] = [tol, breakdown, temple]
     # GOMP_parallel(fn, data, threads, flags): the calling thread is thread 0 of the team
     parallel(body, block.ctypes.data, threads, 0)
     return True

@@ -13,9 +13,9 @@ from numba.core.extending import intrinsic
 
 from tokenfield.models._lanczos_cpu import chain_lambda2
 
-# the argument block: int64 slots; the two floats as their bits (11 and 14), the two
-# OpenMP functions' addresses (12 and 13)
-SLOTS = 15
+# the argument block: int64 slots; the three floats as their bits (11, 14 and 15), the
+# two OpenMP functions' addresses (12 and 13)
+SLOTS = 16
 
 
 @intrinsic
@@ -68,10 +68,11 @@ def body(data):  # pragma: no cover - compiled
     a = carray(_float32s(slots[0]), (count, m, m))
     valid = carray(_float32s(slots[1]), (count, m))
     start = carray(_float32s(slots[2]), (m,))
-    lam = carray(_float64s(slots[3]), (count,))
-    pi = carray(_float32s(slots[4]), (count, m))
-    taken = carray(_int64s(slots[5]), (count,))
+    width = 2 if skip == 2 else 1  # the chains of each matrix
+    lam = carray(_float64s(slots[3]), (count, width))
+    pi = carray(_float32s(slots[4]), (count, width, m))
+    taken = carray(_int64s(slots[5]), (count, width))
     chain_lambda2(
-        a[lo:hi], valid[lo:hi], skip, start, floats[11], steps, first, floats[14],
-        lam[lo:hi], pi[lo:hi], taken[lo:hi],
+        a[lo:hi], valid[lo:hi], skip, start, floats[11], floats[15], steps, first,
+        floats[14], lam[lo:hi], pi[lo:hi], taken[lo:hi],
     )  # fmt: skip

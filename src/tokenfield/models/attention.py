@@ -110,8 +110,11 @@ class AttentionCapture:
     # token i of row b at index i (its column minus the row's offset).
     reduced: list[dict[str, torch.Tensor] | None] = field(default_factory=list)
     paused: bool = False
-    # short prompts' weights not yet reduced (:meth:`defer`): (block, rows, weights, lengths)
-    deferred: list[tuple[int, list[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # short prompts' weights not yet reduced (:meth:`defer`): (block, rows, weights,
+    # lengths, normalised)
+    deferred: list[tuple[int, list[int], torch.Tensor, torch.Tensor, bool]] = field(
+        default_factory=list
+    )
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -144,11 +147,14 @@ class AttentionCapture:
         reduced: dict[str, torch.Tensor],
         heads: int,
         work: list[tuple[list[int], torch.Tensor, torch.Tensor]],
+        *,
+        normalised: bool = False,
     ) -> None:
         """Keep one block's statistics with the short prompts' weights still to
         reduce (``work``: ``(rows, weights, lengths)`` as :func:`_reduce_padded`
-        takes them); they are reduced together with other blocks' (:meth:`settle`),
-        once more than :data:`DEFER_ELEMENTS` wait or when the statistics are read.
+        takes them, with its ``normalised``); they are reduced together with other
+        blocks' (:meth:`settle`), once more than :data:`DEFER_ELEMENTS` wait or when
+        the statistics are read.
 
         On a GPU the reduction of short prompts is bound by kernel launches and the
         host's waits (the small eigensolves), not by arithmetic: one reduction for
@@ -157,26 +163,26 @@ class AttentionCapture:
         for rows, weights, lengths in work:
             if self._deferred_elements() + weights.numel() > DEFER_ELEMENTS:
                 self.settle()
-            self.deferred.append((block, rows, weights, lengths))
+            self.deferred.append((block, rows, weights, lengths, normalised))
 
     def _deferred_elements(self) -> int:
-        return sum(weights.numel() for _block, _rows, weights, _lengths in self.deferred)
+        return sum(item[2].numel() for item in self.deferred)
 
     def settle(self) -> None:
-        """Reduce the deferred weights (:meth:`defer`), those of the same width
-        and device at once, and put their statistics into their blocks."""
-        groups: dict[tuple[Any, ...], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = {}
+        """Reduce the deferred weights (:meth:`defer`), those of the same width,
+        device and ``normalised`` at once, and put their statistics into their blocks."""
+        groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         for item in self.deferred:  # a model spread over several GPUs: each device apart
-            groups.setdefault((item[2].device, *item[2].shape[1:]), []).append(item)
+            groups.setdefault((item[2].device, *item[2].shape[1:], item[4]), []).append(item)
         self.deferred = []
-        for items in groups.values():
-            places = [(block, rows) for block, rows, _weights, _lengths in items]
-            lengths = torch.cat([lengths for _block, _rows, _weights, lengths in items])
-            parts = [weights for _block, _rows, weights, _lengths in items]
+        for key, items in groups.items():
+            places = [(item[0], item[1]) for item in items]
+            lengths = torch.cat([item[3] for item in items])
+            parts = [item[2] for item in items]
             items.clear()
             weights = torch.cat(parts) if len(parts) > 1 else parts[0]
             parts.clear()  # the concatenation is the only copy kept
-            reduced = _reduce_padded(weights, lengths, self.causal)
+            reduced = _reduce_padded(weights, lengths, self.causal, normalised=key[-1])
             del weights
             start = 0
             for block, rows in places:
@@ -540,24 +546,46 @@ def _compiled_spectrum(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_chain_spectrum` of float32 chains on the CPU by the compiled Lanczos
     (:func:`tokenfield.models._lanczos_cpu.chain_lambda2`; same tolerance and start
-    vector as :func:`_lanczos_lambda2` in float32, at most :data:`COMPILED_STEPS` steps):
-    of ``a`` itself (``skip = 0``) or of ``a`` without the sink (``skip = 1``, ``valid``
-    0 at token 0; read from ``a``, never formed), the chains split over the torch threads:
-    on torch's own OpenMP team (:func:`tokenfield.models._omp.chains_in_team`), else on a
-    pool's threads (:func:`_in_threads`). What it does not certify: dense float64 ``eigvalsh``, or for a
-    long prompt the reference's ARPACK."""
+    vector as :func:`_lanczos_lambda2` in float32, at most :data:`COMPILED_STEPS` steps,
+    and besides the residual bounds Temple's bound :data:`COMPILED_TEMPLE`): of ``a``
+    itself (``skip = 0``) or of ``a`` without the sink (``skip = 1``, ``valid`` 0 at
+    token 0; read from ``a``, never formed). :func:`_compiled_chains` does the work."""
+    lam, pi = _compiled_chains(kernel, a, valid, skip)
+    return lam[..., 0], pi[..., 0, :]
+
+
+def _compiled_pair(
+    kernel: Any, a: torch.Tensor, valid: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """``((lam, pi), (lam_ns, pi_ns))``: :func:`_compiled_spectrum` of ``a`` and of ``a``
+    without the sink at once, their two Lanczos runs in lockstep so that each pass over a
+    matrix serves both products (causal chains; 0.65 times the time of the two apart on
+    512-token SmolLM2 chains, Temple's bound included)."""
+    lam, pi = _compiled_chains(kernel, a, valid, 2)
+    return (lam[..., 0], pi[..., 0, :]), (lam[..., 1], pi[..., 1, :])
+
+
+def _compiled_chains(
+    kernel: Any, a: torch.Tensor, valid: torch.Tensor, skip: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lam`` ``(..., chains)`` and ``pi`` ``(..., chains, m)`` of :func:`_compiled_spectrum`
+    (``skip`` 0 or 1: one chain) and :func:`_compiled_pair` (``skip = 2``: both), the
+    matrices split over the torch threads: on torch's own OpenMP team
+    (:func:`tokenfield.models._omp.chains_in_team`), else on a pool's threads
+    (:func:`_in_threads`). What it does not certify: dense float64 ``eigvalsh``, or for
+    a long prompt the reference's ARPACK."""
     shape, m = a.shape[:-2], a.shape[-1]
     chains = a.reshape(-1, m, m).contiguous()
     masks = valid.to(a.dtype).expand(*shape, m).reshape(-1, m).contiguous()
-    count = chains.shape[0]
-    lam = np.empty(count)
-    pi = np.empty((count, m), dtype=np.float32)
-    taken = np.empty(count, dtype=np.int64)
+    count, width = chains.shape[0], 2 if skip == 2 else 1
+    lam = np.empty((count, width))
+    pi = np.empty((count, width, m), dtype=np.float32)
+    taken = np.empty((count, width), dtype=np.int64)
     start = _start_vector(m, torch.device("cpu")).to(torch.float32).numpy()
     weights, inside = chains.numpy(), masks.numpy()
 
-    settings = (skip, start, LANCZOS_TOL_FLOAT32, COMPILED_STEPS, _FIRST_CHECK_COMPILED,
-                _BREAKDOWN_FLOAT32)  # fmt: skip
+    settings = (skip, start, LANCZOS_TOL_FLOAT32, COMPILED_TEMPLE, COMPILED_STEPS,
+                _FIRST_CHECK_COMPILED, _BREAKDOWN_FLOAT32)  # fmt: skip
 
     def solve(lo: int, hi: int) -> None:
         chosen = (weights[lo:hi], inside[lo:hi], *settings, lam[lo:hi], pi[lo:hi], taken[lo:hi])
@@ -567,20 +595,23 @@ def _compiled_spectrum(
     every = (weights, inside, *settings, lam, pi, taken)
     if threads <= 1 or not _omp.chains_in_team(threads, *every):
         _in_threads(solve, count)  # one thread, or no torch libgomp: a pool's threads
-    late = np.flatnonzero(lam < 0)  # not certified: dense eigvalsh on those alone
-    if late.size and m > BATCHED_LIMIT_CPU:  # a long prompt (unpadded): the reference's ARPACK
-        for chain in late.tolist():
-            weights = chains[chain].double().numpy()
-            lam[chain] = symmetrized_spectrum(without_sink(weights) if skip else weights)[0]
-    elif late.size:
-        index = torch.from_numpy(late)
-        late_chains, late_masks = chains[index].double(), masks[index].double()
-        if skip:
-            late_chains = _sink_free(late_chains, late_masks)
-        s, _pi = _symmetrised(late_chains, late_masks)
-        lam[late] = _dense_lambda2(s).numpy()
-    out = torch.from_numpy(lam).clamp(max=1.0).reshape(shape)
-    return out, torch.from_numpy(pi).reshape(*shape, m)
+    for j in range(width):  # not certified: dense eigvalsh on those alone
+        drop = 1 if skip == 1 or j == 1 else 0
+        late = np.flatnonzero(lam[:, j] < 0)
+        if late.size and m > BATCHED_LIMIT_CPU:  # a long prompt (unpadded): the reference's ARPACK
+            for chain in late.tolist():
+                matrix = chains[chain].double().numpy()
+                lam[chain, j] = symmetrized_spectrum(without_sink(matrix) if drop else matrix)[0]
+        elif late.size:
+            index = torch.from_numpy(late)
+            late_chains, late_masks = chains[index].double(), masks[index].double()
+            if drop:
+                late_masks[:, 0] = 0.0
+                late_chains = _sink_free(late_chains, late_masks)
+            s, _pi = _symmetrised(late_chains, late_masks)
+            lam[late, j] = _dense_lambda2(s).numpy()
+    out = torch.from_numpy(lam).clamp(max=1.0).reshape(*shape, width)
+    return out, torch.from_numpy(pi).reshape(*shape, width, m)
 
 
 # The compiled Lanczos (_compiled_spectrum) from this many tokens on, dense float64
@@ -596,6 +627,15 @@ _FIRST_CHECK_COMPILED = 16
 # 1080 chains at 256 tokens 7 were not certified in 100 steps, 2 in 150, none in 255
 # (the mean stays at 33 steps).
 COMPILED_STEPS = 250
+# The compiled Lanczos also certifies the end that gives |lambda_2| where Temple's bound
+# r^2 / delta (r its residual bound, delta the distance to the next Ritz value less that
+# one's bound) is below this, and the other end where it cannot be the answer
+# (_lanczos_cpu._excess). On 90 SmolLM2 chains at 512 tokens (both kinds), against dense
+# float64 eigvalsh: 30.8 and 30.4 steps on average with residual bounds alone, 25.5 and
+# 25.0 with these; the largest error 2.2e-7 and 3.0e-7 either way (float32's rounding).
+# A tenth of LANCZOS_TOL_FLOAT32: an error of at most 1e-6 where the residual bound
+# alone allows 1e-5.
+COMPILED_TEMPLE = 1e-6
 # |lambda_2| by Lanczos (_chain_spectrum) from this many tokens (the padded width m) on,
 # dense eigvalsh below. CPU time per matrix on SmolLM2's chains (1 thread; dense /
 # Lanczos, all of them in one call | 18 a call, two prompts' heads as in a trace):
@@ -1436,11 +1476,17 @@ def blank_reduction(batch: int, heads: int, width: int, device: Any) -> dict[str
     return out
 
 
-def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
+def _reduce_padded(
+    a: torch.Tensor, lengths: torch.Tensor, causal: bool, *, normalised: bool = False
+) -> dict[str, torch.Tensor]:
     """The statistics of :func:`summarize_attention` for ``a`` ``(rows, heads, m, m)``
     (float32 or float64, :func:`reduce_dtype`; worked in that precision, returned in
     float64), row ``r``'s matrix in its top-left ``lengths[r]`` corner. ``a`` is
-    overwritten (the callers hand over their own copy)."""
+    overwritten (the callers hand over their own copy). ``normalised``: ``a`` is
+    already nonnegative, zero outside each corner, its rows summing to 1 (a float32
+    softmax's own, as the read-out from queries and keys makes them): the clamp, the
+    mask and the renormalisation are skipped (three passes over ``a``, 0.13 s a trace
+    of two 512-token SmolLM2 prompts)."""
     m = a.shape[-1]
     i = torch.arange(m, device=a.device)
     valid = (i[None, :] < lengths[:, None])[:, None, :].to(a.dtype)  # (rows, 1, m)
@@ -1454,13 +1500,14 @@ def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict
     pair = None
     if kernel is None:
         pair = torch.empty((2, *a.shape), dtype=a.dtype, device=a.device)
-        a = torch.clamp(a, min=0.0, out=pair[0])
-    else:
+        a = torch.clamp(a, min=0.0, out=pair[0]) if not normalised else pair[0].copy_(a)
+    elif not normalised:
         a = a.clamp_(min=0.0)
-    if a.device.type != "cpu" or int(lengths.min()) < m:  # padding (a GPU: no host wait)
-        a.mul_(valid[..., :, None] * valid[..., None, :])
-    sums = a.sum(-1, keepdim=True)
-    a.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
+    if not normalised:
+        if a.device.type != "cpu" or int(lengths.min()) < m:  # padding (a GPU: no host wait)
+            a.mul_(valid[..., :, None] * valid[..., None, :])
+        sums = a.sum(-1, keepdim=True)
+        a.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
     nan = torch.full((), float("nan"), dtype=a.dtype, device=a.device)  # no host wait
     several = (lengths > 1)[:, None]  # (rows, 1)
     queries = valid * (i >= 1).to(a.dtype)  # (rows, 1, m): i >= 1
@@ -1480,8 +1527,7 @@ def _reduce_padded(a: torch.Tensor, lengths: torch.Tensor, causal: bool) -> dict
     # without the sink: token 0 dropped, rows renormalised, an empty row a self-loop
     rest = valid * (i >= 1).to(a.dtype)
     if pair is None:
-        lam, pi = _compiled_spectrum(kernel, a, valid)
-        lam_ns, pi_ns = _compiled_spectrum(kernel, a, rest, skip=1)
+        (lam, pi), (lam_ns, pi_ns) = _compiled_pair(kernel, a, valid)
     else:
         _sink_free(a, rest, out=pair[1])
         (lam, lam_ns), (pi, pi_ns) = _chain_spectrum(pair, torch.stack([valid, rest]))

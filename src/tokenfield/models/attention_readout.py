@@ -198,7 +198,8 @@ def capture_queries_keys(sites: ModelSites, hf_model: Any, capture: Any) -> Iter
             if work is None:
                 capture.store(block, reduced, int(query.shape[1]))
             else:
-                capture.defer(block, reduced, int(query.shape[1]), work)
+                clean = normalised_weights(query)
+                capture.defer(block, reduced, int(query.shape[1]), work, normalised=clean)
 
         return read
 
@@ -216,6 +217,15 @@ def capture_queries_keys(sites: ModelSites, hf_model: Any, capture: Any) -> Iter
     finally:
         for key in ids:
             _readers.pop(key, None)
+
+
+def normalised_weights(query: torch.Tensor) -> bool:
+    """Whether :func:`short_weights` of ``query`` are rows of a float32 softmax as they
+    stand (a float32 model, float32 work arrays), nonnegative and summing to 1: then the
+    reduction need not clamp and renormalise them (``_reduce_padded``'s ``normalised``).
+    A model in half precision rounds its weights, which the reduction renormalises, as
+    the eager path's."""
+    return query.dtype == torch.float32 and reduce_dtype(query.device) == torch.float32
 
 
 def _as_visible(mask: torch.Tensor) -> torch.Tensor:
@@ -479,7 +489,9 @@ def reduce_queries_keys(
             if deferred is not None:
                 deferred.append((chosen, cut.to(on), lengths))
             else:
-                fill_rows(out, _reduce_padded(cut.to(on), lengths, causal), chosen)
+                clean = normalised_weights(query)
+                reduced = _reduce_padded(cut.to(on), lengths, causal, normalised=clean)
+                fill_rows(out, reduced, chosen)
     # Long prompts one at a time, as the eager path (reduce_long_row).
     for row, (_offset, n) in enumerate(spans):
         if n > batched_limit(on):
