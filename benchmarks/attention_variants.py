@@ -72,11 +72,14 @@ def main() -> None:
         "fixed_on": at.FIXED_ON,
         "rounds": at.LANCZOS_ROUNDS_CUDA,
         "defer": at.DEFER_ELEMENTS,
+        "graphs": at._GRAPH_COUNTS,
     }
     variants = {
         "now": {},
         "DEFER_ELEMENTS 1 << 26": {"defer": 1 << 26},
         "DEFER_ELEMENTS 1 << 28": {"defer": 1 << 28},
+        # the Ritz checks' CUDA graphs for up to 8192 matrices: one chunk a check, not 5 to 9
+        "graph sets to 8192": {"graphs": (*at._GRAPH_COUNTS, 4096, 8192)},
         "float64, adaptive Lanczos": {"reduce": torch.float64, "fixed_on": ()},
     }
 
@@ -86,6 +89,7 @@ def main() -> None:
         at.FIXED_ON = settings["fixed_on"]
         at.LANCZOS_ROUNDS_CUDA = settings["rounds"]
         at.DEFER_ELEMENTS = settings["defer"]
+        at._GRAPH_COUNTS = settings["graphs"]
 
     def sync() -> None:
         if cuda:

@@ -65,14 +65,17 @@ def body(data):  # pragma: no cover - compiled
     lo, hi = (count * me) // team, (count * (me + 1)) // team
     if hi <= lo:
         return
-    a = carray(_float32s(slots[0]), (count, m, m))
-    valid = carray(_float32s(slots[1]), (count, m))
-    start = carray(_float32s(slots[2]), (m,))
+    # this thread's chains as arrays of their own (C-contiguous from their first element,
+    # as the Python callers' slices are: the same compiled code, so the same numbers bit
+    # for bit; a slice of the whole would be typed apart and vectorised differently)
     width = 2 if skip == 2 else 1  # the chains of each matrix
-    lam = carray(_float64s(slots[3]), (count, width))
-    pi = carray(_float32s(slots[4]), (count, width, m))
-    taken = carray(_int64s(slots[5]), (count, width))
+    n = hi - lo
+    a = carray(_float32s(slots[0] + 4 * lo * m * m), (n, m, m))
+    valid = carray(_float32s(slots[1] + 4 * lo * m), (n, m))
+    start = carray(_float32s(slots[2]), (m,))
+    lam = carray(_float64s(slots[3] + 8 * lo * width), (n, width))
+    pi = carray(_float32s(slots[4] + 4 * lo * width * m), (n, width, m))
+    taken = carray(_int64s(slots[5] + 8 * lo * width), (n, width))
     chain_lambda2(
-        a[lo:hi], valid[lo:hi], skip, start, floats[11], floats[15], steps, first,
-        floats[14], lam[lo:hi], pi[lo:hi], taken[lo:hi],
-    )  # fmt: skip
+        a, valid, skip, start, floats[11], floats[15], steps, first, floats[14], lam, pi, taken
+    )
