@@ -61,7 +61,6 @@ flash attention, a model with logit soft-capping, which SDPA refuses), or when
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -313,19 +312,12 @@ def _softmax_rows(
     elif visible is not None:
         bias = torch.zeros(visible.shape, dtype=torch.float32, device=q.device)
         bias.masked_fill_(~visible, float("-inf"))
-    # one copy each, not one a block inside matmul; a scaling that is a power of two
-    # (head_dim ** -0.5 for a head_dim of 4, 16, 64 or 256) folded into the queries: a
-    # pass over the logits fewer, and the same numbers bit for bit (exact in any float
-    # format); another scales the logits, as eager attention does
-    folded = math.frexp(scaling)[0] == 0.5
-    q = torch.mul(q, scaling) if folded else q.contiguous()
+    q = q.contiguous()  # one copy each, not one a block inside matmul
     keys = k.transpose(-1, -2).contiguous()  # (..., head_dim, n)
     for start in range(0, n, step):
         stop = min(n, start + step)
         end = stop if lower else n
-        logits = torch.matmul(q[..., start:stop, :], keys[..., :end])
-        if not folded:
-            logits.mul_(scaling)
+        logits = torch.matmul(q[..., start:stop, :], keys[..., :end]).mul_(scaling)
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
         if causal:
