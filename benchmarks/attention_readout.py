@@ -129,7 +129,7 @@ def main() -> None:
 
     solvers = {
         (attention, "_chain_spectrum"): attention._chain_spectrum,
-        (attention, "_compiled_spectrum"): attention._compiled_spectrum,
+        (attention, "_compiled_chains"): attention._compiled_chains,
         (markov, "symmetrized_spectrum"): markov.symmetrized_spectrum,
     }
     spent = {"s": 0.0}
