@@ -111,8 +111,9 @@ def test_the_cpu_attention_verdict_counts_every_run_of_a_length(tmp_path):
     script = load_script()
     data = tmp_path / "scale"
     shutil.copytree(ROOT / "docs" / "data" / "scale", data)
-    for path in data.glob("cpu2-attention-*-rerun.json"):
-        path.unlink()
+    for pattern in ("cpu2-attention-*-rerun.json", "cpu2-attention-*-ab-new-*.json"):
+        for path in data.glob(pattern):
+            path.unlink()
     for tokens in script.ATTENTION_TOKENS:
         path = data / f"cpu2-attention-{tokens}.json"
         result = json.loads(path.read_text())
@@ -127,3 +128,42 @@ def test_the_cpu_attention_verdict_counts_every_run_of_a_length(tmp_path):
     (data / "cpu2-attention-256-rerun.json").write_text(json.dumps(rerun))
     said = "\n".join(script.cpu_attention_verdict(data))
     assert "**not supported** at 256 tokens (1.40x, 1.60x)" in said
+    # a run of the in-turn comparison counts as well
+    (data / "cpu2-attention-512-ab-new-1.json").write_text(json.dumps(rerun))
+    said = "\n".join(script.cpu_attention_verdict(data))
+    assert "512 tokens (1.40x, 1.60x)" in said.split("**not supported**")[1]
+
+
+def test_the_h100_session17_lines_give_the_verdict_and_the_hosts_spread(tmp_path):
+    """Session 17's H100 block: its GPU verdict turns to "met" only when both benchmarks
+    meet 1.5x, and the plain traces' spread it quotes is the largest max / min of one
+    state in ``trace_host_time.py``'s runs."""
+    import json
+    import shutil
+
+    script = load_script()
+    data = tmp_path / "scale"
+    shutil.copytree(ROOT / "docs" / "data" / "scale", data)
+    said = "\n".join(script.h100_s17_lines(data))
+    assert "The 1.5x target on this H100: **not supported**" in said
+    spread = 0.0
+    for tokens in script.HOST_TIME:
+        runs = json.loads((data / f"h100-host-time-{tokens}.json").read_text())["wall_s"]
+        spread = max(spread, *(max(v) / min(v) for v in runs.values()))
+    assert f"took up to {spread:.1f}x another" in said
+
+    def rewrite(name, change):
+        path = data / f"{name}.json"
+        result = json.loads(path.read_text())
+        change(result)
+        path.write_text(json.dumps(result))
+
+    def fast_variants(result):
+        for run in result["tokens"].values():
+            run["wall_medians_s"]["now"] = 1.2 * run["wall_medians_s"]["plain"]
+
+    rewrite("h100-s17-attention-variants", fast_variants)
+    assert "**not supported**" in "\n".join(script.h100_s17_lines(data))  # 1.51x by readout
+    for _tokens, name in script.H100_S17_ATTENTION:
+        rewrite(name, lambda r: r["wall_medians_s"].update(plain=r["wall_medians_s"]["plain"] * 2))
+    assert "The 1.5x target on this H100: met" in "\n".join(script.h100_s17_lines(data))
