@@ -9,7 +9,12 @@ matrix is 256 KB): its symmetrised ``S`` is built, the Lanczos runs, its Ritz
 values are checked, and the next matrix follows. Same method as the torch
 version: the deflated ``S - sqrt(pi) sqrt(pi)^T``, a fixed start vector, the
 Krylov vectors orthogonalised twice against all before them, done when the
-residual bounds ``beta_k |y_k|`` of both extreme Ritz pairs are below ``tol``.
+residual bounds ``beta_k |y_k|`` of both extreme Ritz pairs are below ``tol``; here
+also when Temple's bound certifies the end that gives the answer and the other end
+cannot be it (:func:`_excess`). A matrix's two chains (with and without the sink)
+can run in lockstep (``skip = 2``), each pass over the matrix serving both products
+(:func:`_multiply_pair`): at 512 tokens the lower triangle (512 KB) fills the core's
+L2, and the product is bound by reading it.
 
 The Ritz checks solve only what they need of the tridiagonal ``T_k``: its extreme
 eigenvalues by bisection on Sturm counts and then Newton's method, and the last
