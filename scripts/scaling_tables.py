@@ -357,8 +357,13 @@ def host_stack_lines(data: Path) -> list[str]:
         parts = []
         for state, rows in r["heaviest"].items():
             own = {row["function"]: row["own_s"] for row in rows}
-            stack = own.get("<built-in method torch.stack>", float("nan"))
-            joined = next((v for k, v in own.items() if "(joined)" in k), float("nan"))
+            stack = own.get("<built-in method torch.stack>")
+            joined = next((v for k, v in own.items() if "(joined)" in k), None)
+            if stack is None or joined is None:
+                raise ValueError(
+                    f"h100-host-time-{tokens}.json: `torch.stack` or the store's `joined` "
+                    f"is not among the heaviest functions {state}"
+                )
             parts.append(f"{state}: `torch.stack` {stack:.3f} s, `joined` {joined:.3f} s")
         out.append(f"- {tokens} tokens, one plain trace profiled " + "; ".join(parts) + ".")
     return out
@@ -388,9 +393,7 @@ def h100_s17_lines(data: Path) -> list[str]:
         f"The 1.5x target on this H100: {gpu_verdict(quick, ratio)} ("
         + ", ".join(f"{value:.2f}x" for value in quick)
         + " by `attention_readout.py`; "
-        + ", ".join(
-            f"{ratio[(int(t), 'now')]:.2f}x at {t} tokens" for t in variants["tokens"]
-        )
+        + ", ".join(f"{ratio[(int(t), 'now')]:.2f}x at {t} tokens" for t in variants["tokens"])
         + " by `attention_variants.py`).",
         "",
         "A plain trace on the GPU is bound by the host, and the host's part moves: the same "
@@ -402,8 +405,7 @@ def h100_s17_lines(data: Path) -> list[str]:
         "",
         *host_stack_lines(data),
         "",
-        "The traces with this code (as the first table; the 135M `last` case was not "
-        "rerun):",
+        "The traces with this code (as the first table; the 135M `last` case was not rerun):",
         "",
         *gpu_table(data, "h100-s17", (("135m", "all"), ("1.7b", "all"))),
         "",
@@ -794,8 +796,8 @@ def ab_lines(data: Path) -> list[str]:
 
     return [
         "The machine's speed drifts between sittings. Session 16's code and this one at 256 "
-        "tokens in turn (old, new, old, new) in one sitting: session 16's {ratios('old')}, this code's "
-        f"{ratios('new')}.",
+        "tokens in turn (old, new, old, new) in one sitting: "
+        f"session 16's {ratios('old')}, this code's {ratios('new')}.",
     ]
 
 

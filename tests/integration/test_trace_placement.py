@@ -125,7 +125,9 @@ def test_benchmark_cuda_mode_says_why_it_cannot_run():
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", ["attention_readout.py", "attention_variants.py", "trace_host_time.py"])
+@pytest.mark.parametrize(
+    "name", ["attention_readout.py", "attention_variants.py", "trace_host_time.py"]
+)
 def test_the_attention_benchmarks_refuse_cuda_without_a_gpu_in_one_line(name):
     import subprocess
     import sys

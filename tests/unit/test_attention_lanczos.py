@@ -548,7 +548,7 @@ def test_both_chains_in_lockstep_equal_each_chain_alone_and_dense():
     lower triangular (two products apart). Same steps and the same numbers up to
     float32's rounding, both equal to dense ``eigvalsh``."""
     rng = np.random.default_rng(21)
-    width = attention.COMPILED_FROM + 60
+    width = attention.COMPILED_FROM + 61  # not a multiple of 4: the products' last rows alone
     chains = [causal_attention(n, rng)[0] for n in (width, width - 11, 50)]
     sink = np.zeros((width, width))
     sink[:, 0] = 1.0
@@ -607,12 +607,22 @@ def test_the_certificate_takes_temples_bound_and_an_end_that_cannot_win():
     assert excess(ends(1e-6, 1e-4, 1e-3), 1.0, 1e-5, 1e-6) < 0
     # the neighbour's own bound (0.45) leaves delta below 0: no Temple
     assert excess(ends(1e-6, 1e-4, 0.45), 1.0, 1e-5, 1e-6) > 0
-    assert excess(ends(1e-6, 1e-4, 1e-3, near=0.9 - 1e-7), 1.0, 1e-5, 1e-6) > 0  # delta 1e-7
-    # the other end's bound 0.5: moved by it (|-0.3| + 0.5 = 0.8) it stays below 0.9
-    assert excess(ends(0.5, 1e-6, 1e-3), 1.0, 1e-5, 1e-6) < 0
-    assert excess(ends(0.7, 1e-6, 1e-3), 1.0, 1e-5, 1e-6) > 0  # 1.0 > 0.9: it might win
+    # delta 1e-7 (the neighbour's own bound 0): r^2 / delta = 0.1, far above 1e-6
+    assert excess(ends(1e-6, 1e-4, 0.0, near=0.9 - 1e-7), 1.0, 1e-5, 1e-6) > 0
+    # ... and with r = 1e-7 it is the residual bound that certifies
+    assert excess(ends(1e-6, 1e-7, 0.0, near=0.9 - 1e-7), 1.0, 1e-5, 1e-6) < 0
+    # the other end's bound below a tenth of its distance to the answer (0.6): done
+    assert excess(ends(0.05, 1e-6, 1e-3), 1.0, 1e-5, 1e-6) < 0
+    assert excess(ends(0.07, 1e-6, 1e-3), 1.0, 1e-5, 1e-6) > 0
     # the coupling beta_k scales every bound
-    assert excess(ends(0.5, 1e-6, 1e-3), 2.0, 1e-5, 1e-6) > 0
+    assert excess(ends(0.05, 1e-6, 1e-3), 2.0, 1e-5, 1e-6) > 0
+    # the negative end gives the answer: its neighbour is the next one up
+    negative = np.array([-0.9, 0.3, 1e-4, 0.05, -0.5, 1e-3])
+    assert excess(negative, 1.0, 1e-5, 1e-6) < 0  # Temple: 1e-8 / 0.399 < 1e-6
+    assert excess(negative, 1.0, 1e-5, 0.0) > 0  # its bound alone: 1e-4 > 1e-5
+    near = negative.copy()
+    near[4] = -0.9 + 1e-7  # a neighbour 1e-7 away: Temple gives nothing
+    assert excess(near, 1.0, 1e-5, 1e-6) > 0
 
 
 def test_temples_bound_saves_steps_and_keeps_the_numbers():
@@ -628,6 +638,43 @@ def test_temples_bound_saves_steps_and_keeps_the_numbers():
     expected = np.array([[dense(c), sink_free_dense(c)] for c in chains.astype(np.float64)])
     for got in (with_temple, bounds_only):
         np.testing.assert_allclose(got[0], expected, rtol=0, atol=TOL_FLOAT32)
+
+
+def test_both_chains_the_compiled_lanczos_does_not_certify_are_solved_densely(monkeypatch):
+    """``_compiled_pair`` with too few steps to certify anything: each chain's matrices go
+    to dense float64 ``eigvalsh``, the sink-free ones as the sink-free chain (token 0 out
+    of their masks)."""
+    monkeypatch.setattr(attention, "COMPILED_STEPS", 3)
+    rng = np.random.default_rng(23)
+    n = attention.COMPILED_FROM + 30
+    chains = list(causal_attention(n, rng, heads=4))
+    a, valid = padded(chains, n)
+    kernel = attention._compiled()
+    (lam, _pi), (lam_ns, _pi_ns) = attention._compiled_pair(kernel, a.float(), valid.float())
+    np.testing.assert_allclose(lam[:, 0].numpy(), [dense(c) for c in chains], atol=TOL_FLOAT32)
+    np.testing.assert_allclose(
+        lam_ns[:, 0].numpy(), [sink_free_dense(c) for c in chains], atol=TOL_FLOAT32
+    )
+
+
+def test_normalised_weights_skip_only_what_changes_nothing():
+    """``_reduce_padded(normalised=True)`` on rows that are a float32 softmax's (padded, zero
+    outside each corner) gives what the clamp, mask and renormalisation give, to float32's
+    rounding of the row sums; on weights that are not normalised it would not."""
+    rng = np.random.default_rng(24)
+    width = attention.COMPILED_FROM + 20
+    chains = [causal_attention(n, rng, heads=3) for n in (width, width - 5)]
+    a = torch.zeros((2, 3, width, width), dtype=torch.float32)
+    for row, chain in enumerate(chains):
+        k = chain.shape[-1]
+        a[row, :, :k, :k] = torch.from_numpy(chain).float()
+    lengths = torch.tensor([width, width - 5])
+    full = attention._reduce_padded(a.clone(), lengths, True)
+    quick = attention._reduce_padded(a.clone(), lengths, True, normalised=True)
+    for name, value in full.items():
+        torch.testing.assert_close(quick[name], value, atol=2e-6, rtol=0, equal_nan=True)
+    doubled = attention._reduce_padded(a.clone() * 2, lengths, True, normalised=True)
+    assert not torch.allclose(doubled["entropy"], full["entropy"], atol=1e-3)
 
 
 def test_the_compiled_logarithm_is_within_two_ulp():

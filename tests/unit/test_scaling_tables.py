@@ -167,3 +167,19 @@ def test_the_h100_session17_lines_give_the_verdict_and_the_hosts_spread(tmp_path
     for _tokens, name in script.H100_S17_ATTENTION:
         rewrite(name, lambda r: r["wall_medians_s"].update(plain=r["wall_medians_s"]["plain"] * 2))
     assert "The 1.5x target on this H100: met" in "\n".join(script.h100_s17_lines(data))
+
+
+def test_the_in_turn_comparison_quotes_both_codes():
+    """``ab_lines``: the ratios of session 16's code and of this one, as numbers (no
+    unformatted placeholder), from the committed runs."""
+    import json
+
+    script = load_script()
+    data = ROOT / "docs" / "data" / "scale"
+    said = "\n".join(script.ab_lines(data))
+    assert "{" not in said
+    for which in ("old", "new"):
+        for i in (1, 2):
+            r = json.loads((data / f"cpu2-attention-256-ab-{which}-{i}.json").read_text())
+            wall = r["wall_medians_s"]
+            assert f"{wall['attention (queries and keys)'] / wall['plain']:.2f}x" in said

@@ -46,6 +46,11 @@ _FAST = {"reassoc", "contract"}
 # spread of T_k): the check takes a dense eigh
 CLUSTER = 1e-6
 _BISECTIONS = 64  # halvings of the Gershgorin interval (to below float64 rounding)
+# :func:`_excess`: the end that does not give |lambda_2| is done once its residual bound is
+# below this share of its distance to the answer (on 90 SmolLM2 chains at 512 tokens, a
+# float64 Lanczos checked every step: 22.2 steps on average, against 22.0 with no cap and
+# 24.0 with a cap of 1e-3)
+OTHER_SHARE = 0.1
 
 
 @njit(cache=True, nogil=True)
@@ -170,9 +175,10 @@ def ritz_ends(alpha, beta, k, plus, minus, out):  # pragma: no cover - compiled
     """The extreme eigenpairs of ``T_k`` (diagonal ``alpha[:k]``, couplings ``beta[:k -
     1]``) as ``out``: ``theta_min``, ``theta_max``, the last components ``|y_k|`` of
     their unit eigenvectors, then the neighbour of the larger ``|theta|`` (the next
-    eigenvalue inward) and its ``|y_k|`` (``inf`` where it is not known: ``k = 1``, or
-    the neighbour itself has a neighbour closer than :data:`CLUSTER`). Times the next
-    coupling ``beta_k``, the ``|y_k|`` are the residual bounds."""
+    eigenvalue inward) and its ``|y_k|`` (``inf`` where it is not known: ``k = 1``, the
+    neighbour itself has a neighbour closer than :data:`CLUSTER`, or an end has one and
+    the check takes the dense ``eigh``). Times the next coupling ``beta_k``, the ``|y_k|``
+    are the residual bounds."""
     if k == 1:
         out[0], out[1], out[2], out[3] = alpha[0], alpha[0], 1.0, 1.0
         out[4], out[5] = alpha[0], np.inf
@@ -245,10 +251,14 @@ def _excess(ends, coupling, tol, temple):  # pragma: no cover - compiled
     |theta_max|)``; below 0: certified. The end of the larger ``|theta|`` (the answer) is
     certified when its residual bound ``r`` is below ``tol``, or when ``r^2 / delta`` is
     below ``temple`` (Temple's inequality: the error of a Ritz value is at most ``r^2``
-    over the distance ``delta`` to the rest of the spectrum, estimated as the distance to
-    the neighbouring Ritz value less that one's own bound). The other end is certified
-    when its bound is below ``tol``, or when even moved by its bound it stays inside the
-    answer's modulus (it cannot be the answer)."""
+    over the distance ``delta`` to the rest of the spectrum, here estimated as the
+    distance to the neighbouring Ritz value less that one's own bound; an eigenvalue the
+    Krylov space has not yet found between the two would make it smaller). The other end
+    is certified when its bound is below ``tol``, or below :data:`OTHER_SHARE` of its
+    distance to the answer's modulus. Like the residual test itself, these are practical
+    stopping rules, not proofs: a bound says an eigenvalue lies that close to the Ritz
+    value, not that the extreme one does (measured against dense ``eigvalsh``: see
+    ``tokenfield.models.attention.COMPILED_TEMPLE``)."""
     low, high = abs(ends[0]), abs(ends[1])
     r_low, r_high = coupling * ends[2], coupling * ends[3]
     if high >= low:
@@ -259,7 +269,7 @@ def _excess(ends, coupling, tol, temple):  # pragma: no cover - compiled
     delta = abs((ends[1] if high >= low else ends[0]) - ends[4]) - coupling * ends[5]
     if temple > 0.0 and delta > 0.0:
         target = max(target, np.sqrt(temple * delta))
-    target_other = max(tol, value - other)
+    target_other = max(tol, OTHER_SHARE * (value - other))
     worst = max(r / target, r_other / target_other)
     return np.log10(max(worst, 1e-300))
 
@@ -628,7 +638,7 @@ def _lanczos(
                 lam[j], taken[j] = value, k
                 live -= 1
     for j in range(chains):
-        if lam[j] == RUNNING:  # no step at all (m < 2)
+        if lam[j] == RUNNING:  # pragma: no cover - a running chain ends at its last step
             lam[j], taken[j] = -1.0, steps
 
 

@@ -98,6 +98,11 @@ def chains_in_team(
         if array.dtype != kind or not array.flags.c_contiguous:
             raise ValueError("chains_in_team takes C-contiguous arrays of the kernel's dtypes")
     count, m = a.shape[0], a.shape[-1]
+    width = 2 if skip == 2 else 1  # the compiled body writes these shapes in place
+    shapes = {"lam": (count, width), "pi": (count, width, m), "taken": (count, width)}
+    for name, array in (("lam", lam), ("pi", pi), ("taken", taken)):
+        if array.shape != shapes[name]:
+            raise ValueError(f"chains_in_team: {name} must be {shapes[name]} for skip {skip}")
     block = np.zeros(_SLOTS, dtype=np.int64)
     block[:6] = [array.ctypes.data for array in arrays]
     block[6:11] = [count, m, skip, steps, first]

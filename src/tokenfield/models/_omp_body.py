@@ -11,6 +11,9 @@ from llvmlite import ir
 from numba import carray, cfunc, types
 from numba.core.extending import intrinsic
 
+# numba's disk cache keys this cfunc on this file alone, and it holds its own compiled
+# copy of chain_lambda2: after a change to _lanczos_cpu.py, touch this file too (or the
+# team runs the old kernel until the cache is cleared)
 from tokenfield.models._lanczos_cpu import chain_lambda2
 
 # the argument block: int64 slots; the three floats as their bits (11, 14 and 15), the

@@ -308,8 +308,8 @@ def reduce_attention_batch(
     padded batch at once, on the weights' device, in :func:`reduce_dtype` (float32 on
     the CPU), batched over prompts and heads (``|lambda_2|`` by :func:`_reduce_padded`'s
     solvers: dense ``eigvalsh`` on short prompts; from :data:`COMPILED_FROM` tokens the
-    compiled Lanczos on the CPU, one chain after another; the batched torch Lanczos on a
-    GPU), no Python loop over either.
+    compiled Lanczos on the CPU, one matrix after another, its two chains in lockstep; the
+    batched torch Lanczos on a GPU), no Python loop over either.
 
     Args:
         weights: ``(batch, heads, seq, seq)`` one block's attention of a padded batch.
@@ -560,8 +560,9 @@ def _compiled_pair(
     """``((lam, pi), (lam_ns, pi_ns))``: :func:`_compiled_spectrum` of ``a`` and of ``a``
     without the sink at once, their two Lanczos runs in lockstep so that each pass over a
     matrix serves both products, and their degrees come from one pass (causal chains; on
-    512-token SmolLM2 chains 1.16 ms a matrix, against 1.98 ms for the two apart with
-    residual bounds only, as before, and 1.61 ms apart with Temple's bound)."""
+    512-token SmolLM2 chains, 1 thread, about 1.15 ms a matrix, against 1.8 to 2.0 ms for
+    the two apart with residual bounds only, as before, and 1.5 to 1.6 ms apart with
+    Temple's bound)."""
     lam, pi = _compiled_chains(kernel, a, valid, 2)
     return (lam[..., 0], pi[..., 0, :]), (lam[..., 1], pi[..., 1, :])
 
@@ -633,8 +634,8 @@ COMPILED_STEPS = 250
 # one's bound) is below this, and the other end where it cannot be the answer
 # (_lanczos_cpu._excess). On 90 SmolLM2 chains at 512 tokens (with the sink, without),
 # against dense float64 eigvalsh: 30.8 and 30.4 steps on average with residual bounds
-# alone, 24.0 and 23.5 with these (27.7 and 27.2 with the other end's test alone); the
-# largest error 1.8e-7 and 3.3e-7 before, 2.9e-7 and 3.9e-7 now (float32's rounding).
+# alone, 24.1 and 23.5 with these (27.8 and 27.2 without Temple's bound); the largest
+# error 1.8e-7 and 3.3e-7 before, 2.9e-7 and 3.9e-7 now (float32's rounding).
 # A tenth of LANCZOS_TOL_FLOAT32: an error of at most 1e-6 where the residual bound
 # alone allows 1e-5.
 COMPILED_TEMPLE = 1e-6
