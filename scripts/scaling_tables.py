@@ -427,7 +427,8 @@ def host_noise_lines(data: Path) -> list[str]:
     )
     return [
         f"The 135M `all` trace in memory took {now:.2f} s here, against {before:.2f} s in "
-        f"the first table (an H100, session 14) and {h200:.2f} s on the H200 (session 16). "
+        f"the first table (an H100, earlier in issue 25) and {h200:.2f} s on the H200 "
+        "(session 16). "
         "Session 17 changed nothing a plain trace runs; on this machine one plain trace "
         f"took up to {spread:.1f}x another of the same state in the same process, so the "
         "traces' ratios here carry that noise.",
