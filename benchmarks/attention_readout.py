@@ -51,6 +51,19 @@ def long_prompts(model, count: int, tokens: int) -> list[str]:
     return out
 
 
+def require_device(device: str) -> None:
+    """Stop in one line (exit 2) where ``device`` asks for a GPU this machine lacks."""
+    import torch
+
+    if device != "cpu" and not torch.cuda.is_available():
+        print(
+            f"--device {device}: no CUDA device on this machine "
+            "(torch.cuda.is_available() is False); use --device cpu",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -80,13 +93,7 @@ def main() -> None:
     from tokenfield.models.trace_config import TraceConfig
 
     torch.set_num_threads(args.threads)
-    if args.device != "cpu" and not torch.cuda.is_available():
-        print(
-            f"--device {args.device}: no CUDA device on this machine "
-            "(torch.cuda.is_available() is False); use --device cpu",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+    require_device(args.device)
     model = tf.load_model(args.model, device=args.device, random_weights=args.random_weights)
     prompts = long_prompts(model, args.prompts, args.tokens)
     lengths = [len(model.tokenizer(p)["input_ids"]) for p in prompts]

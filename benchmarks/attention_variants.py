@@ -52,18 +52,12 @@ def main() -> None:
     import tokenfield as tf
     import tokenfield.models.attention as at
     import tokenfield.models.attention_readout as ar
-    from attention_readout import long_prompts
+    from attention_readout import long_prompts, require_device
     from tokenfield.models.trace import trace_in_memory
     from tokenfield.models.trace_config import TraceConfig
 
     cuda = args.device != "cpu"
-    if cuda and not torch.cuda.is_available():
-        print(
-            f"--device {args.device}: no CUDA device on this machine "
-            "(torch.cuda.is_available() is False); use --device cpu",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+    require_device(args.device)
     kind = "cuda" if cuda else "cpu"
     if args.threads:
         torch.set_num_threads(args.threads)

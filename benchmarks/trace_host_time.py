@@ -63,18 +63,12 @@ def main() -> None:
     import torch
 
     import tokenfield as tf
-    from attention_readout import long_prompts
+    from attention_readout import long_prompts, require_device
     from tokenfield.models.trace import trace_in_memory
     from tokenfield.models.trace_config import TraceConfig
 
     cuda = args.device != "cpu"
-    if cuda and not torch.cuda.is_available():
-        print(
-            f"--device {args.device}: no CUDA device on this machine "
-            "(torch.cuda.is_available() is False); use --device cpu",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+    require_device(args.device)
     model = tf.load_model(args.model, device=args.device, random_weights=args.random_weights)
     prompts = long_prompts(model, args.prompts, args.tokens)
 

@@ -68,37 +68,42 @@ def test_the_memory_rows_and_the_before_after_table_read_their_own_files(tmp_pat
     assert next(x for x in lines if x.startswith("| the 20,000-prompt")).endswith("| 42 s |")
 
 
+def rewrite(data, name, change):
+    """Change one JSON file of ``data`` in place (``change`` mutates the loaded dict)."""
+    import json
+
+    path = data / f"{name}.json"
+    result = json.loads(path.read_text())
+    change(result)
+    path.write_text(json.dumps(result))
+
+
+def fast_variants(result):
+    """An ``attention_variants.py`` result whose case "now" costs 1.2x the plain trace."""
+    for run in result["tokens"].values():
+        run["wall_medians_s"]["now"] = 1.2 * run["wall_medians_s"]["plain"]
+
+
 def test_the_gpu_attention_verdict_needs_every_measurement(tmp_path):
     """The H200 verdict on issue 25's GPU target says "met" only when both benchmarks,
     at every length and thread count, give at most 1.5x; one slower run keeps it at
     "not supported"."""
-    import json
     import shutil
 
     script = load_script()
     data = tmp_path / "scale"
     shutil.copytree(ROOT / "docs" / "data" / "scale", data)
 
-    def rewrite(name, change):
-        path = data / f"{name}.json"
-        result = json.loads(path.read_text())
-        change(result)
-        path.write_text(json.dumps(result))
-
-    def fast_variants(result):
-        for run in result["tokens"].values():
-            run["wall_medians_s"]["now"] = 1.2 * run["wall_medians_s"]["plain"]
-
     def fast_readout(result):
         wall = result["wall_medians_s"]
         wall["attention (queries and keys)"] = 1.3 * wall["plain"]
 
     assert "**not supported**" in "\n".join(script.h200_verdict(data))
-    rewrite("h200-attention-variants", fast_variants)
+    rewrite(data, "h200-attention-variants", fast_variants)
     for _tokens, name in script.H200_ATTENTION:
-        rewrite(name, fast_readout)
+        rewrite(data, name, fast_readout)
     assert "The 1.5x target on a GPU: met" in "\n".join(script.h200_verdict(data))
-    rewrite(script.H200_ATTENTION[0][1], lambda r: r["wall_medians_s"].update(plain=0.1))
+    rewrite(data, script.H200_ATTENTION[0][1], lambda r: r["wall_medians_s"].update(plain=0.1))
     assert "**not supported**" in "\n".join(script.h200_verdict(data))
 
 
@@ -152,20 +157,12 @@ def test_the_h100_session17_lines_give_the_verdict_and_the_hosts_spread(tmp_path
         spread = max(spread, *(max(v) / min(v) for v in runs.values()))
     assert f"took up to {spread:.1f}x another" in said
 
-    def rewrite(name, change):
-        path = data / f"{name}.json"
-        result = json.loads(path.read_text())
-        change(result)
-        path.write_text(json.dumps(result))
-
-    def fast_variants(result):
-        for run in result["tokens"].values():
-            run["wall_medians_s"]["now"] = 1.2 * run["wall_medians_s"]["plain"]
-
-    rewrite("h100-s17-attention-variants", fast_variants)
+    rewrite(data, "h100-s17-attention-variants", fast_variants)
     assert "**not supported**" in "\n".join(script.h100_s17_lines(data))  # 1.51x by readout
     for _tokens, name in script.H100_S17_ATTENTION:
-        rewrite(name, lambda r: r["wall_medians_s"].update(plain=r["wall_medians_s"]["plain"] * 2))
+        rewrite(
+            data, name, lambda r: r["wall_medians_s"].update(plain=r["wall_medians_s"]["plain"] * 2)
+        )
     assert "The 1.5x target on this H100: met" in "\n".join(script.h100_s17_lines(data))
 
 
