@@ -2,7 +2,8 @@
 
 Times a plain trace and ``--attention`` under several settings of the batched
 reduction (the work array's precision ``REDUCE_DTYPE``, the Lanczos in rounds or
-adaptive, ``DEFER_ELEMENTS``), every case in turn for ``--repeats`` rounds, and
+adaptive, ``DEFER_ELEMENTS``; on a GPU, the chains of short prompts solved on the host,
+``HOST_CHAINS_UNTIL_CUDA``), every case in turn for ``--repeats`` rounds, and
 prints the medians, each setting's ratio to the plain trace, and the largest
 difference of its statistics from the eager path's (float64). Then the
 read-out's own functions timed inside one trace (the device synchronised around
@@ -67,6 +68,7 @@ def main() -> None:
         "rounds": at.LANCZOS_ROUNDS_CUDA,
         "defer": at.DEFER_ELEMENTS,
         "graphs": at._GRAPH_COUNTS,
+        "host": at.HOST_CHAINS_UNTIL_CUDA,
     }
     variants = {
         "now": {},
@@ -76,6 +78,9 @@ def main() -> None:
         "graph sets to 8192": {"graphs": (*at._GRAPH_COUNTS, 4096, 8192)},
         "float64, adaptive Lanczos": {"reduce": torch.float64, "fixed_on": ()},
     }
+    if cuda:  # the chains of short prompts copied to the host, its compiled Lanczos there
+        variants["chains on the host below 128 tokens"] = {"host": 128}
+        variants["chains on the host below 320 tokens"] = {"host": 320}
 
     def apply(change: dict) -> None:
         settings = {**base, **change}
@@ -84,6 +89,7 @@ def main() -> None:
         at.LANCZOS_ROUNDS_CUDA = settings["rounds"]
         at.DEFER_ELEMENTS = settings["defer"]
         at._GRAPH_COUNTS = settings["graphs"]
+        at.HOST_CHAINS_UNTIL_CUDA = settings["host"]
 
     def sync() -> None:
         if cuda:
@@ -141,7 +147,8 @@ def main() -> None:
         targets = [(ar, "reduce_queries_keys"), (ar, "short_weights"),
                    (at.AttentionCapture, "settle"), (at.AttentionCapture, "variables"),
                    (at, "_reduce_padded"), (at, "_chain_spectrum"), (at, "_lanczos_rounds"),
-                   (at, "_lanczos_lambda2"), (at, "_ritz_extremes"), (at, "_symmetrised")]  # fmt: skip
+                   (at, "_lanczos_lambda2"), (at, "_ritz_extremes"), (at, "_symmetrised"),
+                   (at, "_compiled_chains")]  # fmt: skip
         saved = [(owner, name, getattr(owner, name)) for owner, name in targets]
 
         def timed(name, function):

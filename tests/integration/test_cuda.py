@@ -149,3 +149,28 @@ def test_lanczos_spectrum_on_gpu_equals_cpu():
         np.testing.assert_allclose(lam_gpu.cpu().numpy(), lam_cpu.numpy(), rtol=0, atol=1e-9)
         np.testing.assert_allclose(pi_gpu.cpu().numpy(), pi_cpu.numpy(), rtol=0, atol=1e-12)
         assert (lam_cpu > 0).all() and (lam_cpu <= 1).all()
+
+
+def test_short_chains_solved_on_the_host_equal_the_gpus_rounds(monkeypatch):
+    """:data:`HOST_CHAINS_UNTIL_CUDA`: a GPU's float32 chains of 64 tokens (one prompt
+    padded) solved by the host's compiled Lanczos give the GPU rounds' statistics, and
+    come back on the GPU."""
+    from tokenfield.models import attention
+
+    generator = torch.Generator().manual_seed(3)
+    m = 64
+    logits = torch.randn(2, 4, m, m, generator=generator) * 3
+    causal = torch.ones(m, m, dtype=torch.bool).tril()
+    a = logits.masked_fill(~causal, -torch.inf).softmax(-1)
+    a[1, :, m - 9 :] = 0
+    a[1, :, :, m - 9 :] = 0
+    lengths = torch.tensor([m, m - 9])
+    on_gpu = attention._reduce_padded(a.cuda(), lengths.cuda(), True)
+    monkeypatch.setattr(attention, "HOST_CHAINS_UNTIL_CUDA", 128)
+    assert attention._on_host(a.cuda())
+    hosted = attention._reduce_padded(a.cuda(), lengths.cuda(), True)
+    for name, value in on_gpu.items():
+        assert hosted[name].device.type == "cuda", name
+        np.testing.assert_allclose(
+            hosted[name].cpu().numpy(), value.cpu().numpy(), rtol=0, atol=1e-5, err_msg=name
+        )

@@ -677,6 +677,50 @@ def test_normalised_weights_skip_only_what_changes_nothing():
     assert not torch.allclose(doubled["entropy"], full["entropy"], atol=1e-3)
 
 
+def test_a_gpus_chains_solved_on_the_host_come_back_as_the_compiled_pair_gives_them(
+    monkeypatch,
+):
+    """The switch that sends a GPU's short chains to the host's compiled Lanczos
+    (:data:`HOST_CHAINS_UNTIL_CUDA`, off by default): only float32 CUDA weights from
+    COMPILED_FROM tokens below the limit; on the host path the statistics are the compiled
+    pair's (here on the CPU, where the copies change nothing; the GPU's own test is in
+    tests/integration/test_cuda.py)."""
+
+    class Weights:  # what _on_host reads of a tensor
+        def __init__(self, kind: str, dtype: torch.dtype, m: int) -> None:
+            self.device, self.dtype, self.shape = torch.device(kind), dtype, (2, 3, m, m)
+
+    assert attention.HOST_CHAINS_UNTIL_CUDA == 0
+    assert not attention._on_host(Weights("cuda", torch.float32, 64))  # off by default
+    monkeypatch.setattr(attention, "HOST_CHAINS_UNTIL_CUDA", 128)
+    assert attention._on_host(Weights("cuda", torch.float32, 64))
+    assert not attention._on_host(Weights("cuda", torch.float32, 128))
+    assert not attention._on_host(Weights("cuda", torch.float32, attention.COMPILED_FROM - 1))
+    assert not attention._on_host(Weights("cuda", torch.float64, 64))
+    assert not attention._on_host(Weights("cpu", torch.float32, 64))
+
+    rng = np.random.default_rng(25)
+    width = attention.COMPILED_FROM + 12
+    a = torch.zeros((2, 3, width, width), dtype=torch.float32)
+    for row, n in enumerate((width, width - 7)):
+        a[row, :, :n, :n] = torch.from_numpy(causal_attention(n, rng, heads=3)).float()
+    lengths = torch.tensor([width, width - 7])
+    here = attention._reduce_padded(a.clone(), lengths, True)
+    copied = []
+    real = attention._compiled_pair
+
+    def pair(kernel, weights, valid):
+        copied.append(weights.device.type)
+        return real(kernel, weights, valid)
+
+    monkeypatch.setattr(attention, "_on_host", lambda weights: True)
+    monkeypatch.setattr(attention, "_compiled_pair", pair)
+    hosted = attention._reduce_padded(a.clone(), lengths, True)
+    assert copied == ["cpu"]
+    for name, value in here.items():
+        torch.testing.assert_close(hosted[name], value, atol=0, rtol=0, equal_nan=True)
+
+
 def test_the_compiled_logarithm_is_within_two_ulp():
     """Cephes' ``logf`` polynomial (:func:`_lanczos_cpu._log`) against float64 ``log``,
     from the smallest normal float32 to 1 and around its branch at ``sqrt(1/2)``."""

@@ -418,3 +418,143 @@ def test_the_coordinates_lag_behind_the_states_and_catch_up(tmp_path, monkeypatc
     xr.testing.assert_identical(
         open_run(tmp_path / "lag").load(), open_run(tmp_path / "no-lag").load()
     )
+
+
+# ----------------------------------------------------------------------------------
+# A small run's store made in the background from its first piece (RunWriter._prepare)
+
+
+def small_run(path: Path, pieces=None, **options) -> RunWriter:
+    """As ``tokenfield trace --out`` writes a few prompts: in the background, with the
+    particle count as a size hint, every piece held in memory until finish."""
+    writer = RunWriter(
+        path, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9,
+        background=True, size_hint=TOTAL, **options,
+    )  # fmt: skip
+    for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
+        piece = trace_piece(int(start), n) if pieces is None else pieces[done - 1]
+        writer.append(piece, done=done)
+    return writer
+
+
+def store_files(path: Path) -> dict[str, bytes]:
+    store = path / "trajectory.zarr"
+    return {
+        str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()
+    }
+
+
+def stores_made(monkeypatch) -> list[str]:
+    """Record, from now on, the thread that makes each store."""
+    import threading
+
+    made: list[str] = []
+    real = runs.writer.create_store
+
+    def create_store(*args, **kwargs):
+        made.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runs.writer, "create_store", create_store)
+    return made
+
+
+def test_a_small_runs_store_is_made_beside_its_first_pieces_as_it_was_at_the_end(
+    tmp_path, monkeypatch
+):
+    made = stores_made(monkeypatch)
+    writer = RunWriter(
+        tmp_path / "early", "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9,
+        background=True, size_hint=TOTAL,
+    )  # fmt: skip
+    writer.append(trace_piece(0, SIZES[0]), done=1)
+    writer._wait()
+    # made while the caller computes the next pieces: no row written, nothing recorded
+    assert made == ["tokenfield-writer_0"]
+    assert (tmp_path / "early" / "trajectory.zarr" / "states" / "zarr.json").exists()
+    assert read_run_info(tmp_path / "early").progress["size"] == 0
+    assert lengths(tmp_path / "early") == {TOTAL}
+    for done, (start, n) in enumerate(zip(STARTS, SIZES, strict=True), start=1):
+        if done > 1:
+            writer.append(trace_piece(int(start), n), done=done)
+    writer.finish()
+    assert len(made) == 1  # not made again at the end
+
+    # the store the writer made at the end before: every file the same, byte for byte
+    monkeypatch.setattr(RunWriter, "_small_fresh_run", lambda self, piece: False)
+    small_run(tmp_path / "late").finish()
+    assert made[1:] == ["MainThread"]
+    assert store_files(tmp_path / "early") == store_files(tmp_path / "late")
+    xr.testing.assert_identical(
+        open_run(tmp_path / "early").load(), open_run(tmp_path / "late").load()
+    )
+
+
+def test_a_run_too_large_for_one_chunk_or_without_a_hint_makes_its_store_as_before(
+    tmp_path, monkeypatch
+):
+    made = stores_made(monkeypatch)
+    small_chunks(monkeypatch)  # the states of TOTAL rows no longer fit one chunk
+    small_run(tmp_path / "large").finish()
+    monkeypatch.undo()
+    made = stores_made(monkeypatch)
+    RunWriter(
+        tmp_path / "no-hint", "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9,
+        background=True,
+    ).append(trace_piece(0, SIZES[0]), done=1)  # fmt: skip
+    assert made == []
+    assert not (tmp_path / "no-hint" / "trajectory.zarr").exists()
+
+
+def test_a_first_piece_unlike_the_rest_or_a_failed_early_store_leaves_the_write_to_make_it(
+    tmp_path, monkeypatch
+):
+    pieces = [trace_piece(int(s), n) for s, n in zip(STARTS, SIZES, strict=True)]
+    small_run(tmp_path / "clean", pieces).finish()
+    made = stores_made(monkeypatch)
+    # the first piece's prompt_index in int32, the others' in int64: joined, int64
+    odd = [pieces[0].assign_coords(prompt_index=pieces[0].prompt_index.astype(np.int32))]
+    small_run(tmp_path / "odd", odd + pieces[1:]).finish()
+    assert made == ["tokenfield-writer_0", "MainThread"]
+    assert stored(tmp_path / "odd") == stored(tmp_path / "clean")
+
+    made.clear()
+    real = runs.writer.create_store
+    calls = {"n": 0}
+
+    def failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            real(*args, **kwargs)  # a store half made, then the disk fails
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runs.writer, "create_store", failing_once)
+    small_run(tmp_path / "failed", pieces).finish()
+    assert calls["n"] == 2
+    assert store_files(tmp_path / "failed") == store_files(tmp_path / "clean")
+
+
+def test_a_run_killed_after_its_early_store_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
+    small_run(tmp_path / "clean").finish()
+    made = stores_made(monkeypatch)
+    run = tmp_path / "killed"
+    writer = RunWriter(
+        run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9, background=True,
+        size_hint=TOTAL,
+    )  # fmt: skip
+    writer.append(trace_piece(0, SIZES[0]), done=1)
+    writer._wait()
+    writer._pending = []  # the process died: nothing more is written
+    writer.close()
+    assert made == ["tokenfield-writer_0"] and (run / "trajectory.zarr").exists()
+    info = read_run_info(run)
+    assert info.status == "partial" and info.progress["done"] == 0
+    resumed = RunWriter(
+        run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9, background=True,
+        size_hint=TOTAL,
+    )  # fmt: skip
+    assert resumed.done == 0 and not (run / "trajectory.zarr").exists()  # nothing to keep
+    write_all(resumed)
+    assert store_files(run) == store_files(tmp_path / "clean")
+    xr.testing.assert_identical(open_run(run).load(), open_run(tmp_path / "clean").load())

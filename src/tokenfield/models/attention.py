@@ -725,6 +725,17 @@ _GRAPH_ROWS = 32
 # (180): 51 %, 88 %, 100 % at 24, 32, 48.
 LANCZOS_ROUNDS_CUDA = (48, 96)
 FIXED_ON = ("cuda",)
+# On a GPU, the float32 chains of prompts of COMPILED_FROM up to this many tokens (the
+# padded width) are copied to the host and solved there by the compiled Lanczos
+# (_compiled_pair, on torch's threads) instead of by _lanczos_rounds on the GPU: 0, off,
+# until measured on a GPU. Its case for short prompts: at 64 tokens the GPU's rounds
+# take the whole space (63 steps of about 0.4 ms each, bound by launches and the host,
+# whatever the number of matrices) and a Ritz check of 18 ms, about 42 ms for a batch of
+# eight SmolLM2-135M prompts (4,320 chains, both kinds) on an H100 in session 17; the
+# compiled pair takes 136 us a matrix on one core of the 2-core machine (both chains;
+# 2,160 matrices: 0.29 s, or about 20 ms on 16 cores), and the copy 35 MB.
+# benchmarks/attention_variants.py measures it ("chains on the host ...").
+HOST_CHAINS_UNTIL_CUDA = 0
 # Bytes of S per lockstep group: 10 MB (20 float64 or 40 float32 matrices of 256 x 256),
 # which the matrix-vector products reread from the CPU's cache; on a GPU one group takes
 # everything.
@@ -1499,7 +1510,8 @@ def _reduce_padded(
     # chains from a itself; else both chains share one work array, [0] the attention
     # and [1] without the sink, and one batched solve (half the Lanczos steps).
     on_cpu = a.device.type == "cpu" and a.dtype == torch.float32
-    kernel = _compiled() if on_cpu and m >= COMPILED_FROM else None
+    host = _on_host(a)  # a GPU's chains solved by the compiled Lanczos on the host
+    kernel = _compiled() if (on_cpu or host) and m >= COMPILED_FROM else None
     pair = None
     if kernel is None:
         pair = torch.empty((2, *a.shape), dtype=a.dtype, device=a.device)
@@ -1529,7 +1541,10 @@ def _reduce_padded(
     raw = moduli.topk(min(2, m), dim=-1).values[..., -1]
     # without the sink: token 0 dropped, rows renormalised, an empty row a self-loop
     rest = valid * (i >= 1).to(a.dtype)
-    if pair is None:
+    if pair is None and host:  # one copy to the host and the results back
+        solved = _compiled_pair(kernel, a.cpu(), valid.cpu())
+        (lam, pi), (lam_ns, pi_ns) = ((x.to(a.device), y.to(a.device)) for x, y in solved)
+    elif pair is None:
         (lam, pi), (lam_ns, pi_ns) = _compiled_pair(kernel, a, valid)
     else:
         _sink_free(a, rest, out=pair[1])
@@ -1546,6 +1561,17 @@ def _reduce_padded(
         "stationary_nosink": torch.where(several[..., None], pi_ns, nan),
     }
     return {name: value.double() for name, value in out.items()}
+
+
+def _on_host(a: torch.Tensor) -> bool:
+    """Whether :func:`_reduce_padded` solves the chains of ``a`` (a GPU's float32
+    weights) on the host by the compiled Lanczos (:data:`HOST_CHAINS_UNTIL_CUDA`)."""
+    m = a.shape[-1]
+    return (
+        a.device.type == "cuda"
+        and a.dtype == torch.float32
+        and COMPILED_FROM <= m < HOST_CHAINS_UNTIL_CUDA
+    )
 
 
 def _weights_of(output: Any) -> torch.Tensor | None:
