@@ -180,3 +180,41 @@ def test_the_in_turn_comparison_quotes_both_codes():
             r = json.loads((data / f"cpu2-attention-256-ab-{which}-{i}.json").read_text())
             wall = r["wall_medians_s"]
             assert f"{wall['attention (queries and keys)'] / wall['plain']:.2f}x" in said
+
+
+def test_the_early_store_table_reads_each_round_of_both_codes(tmp_path):
+    """Session 18's A/B: each round's ratio from its own file, the code before in the
+    first column, and the mean over the rounds."""
+    import shutil
+
+    script = load_script()
+    data = tmp_path / "scale"
+    shutil.copytree(ROOT / "docs" / "data" / "scale", data)
+    streamed = "tokenfield.trace (streamed to Zarr)"
+    for code, ratio in (("old", 1.2), ("new", 1.05)):
+        for i in (1, 2, 3):
+
+            def change(result, ratio=ratio + 0.01 * i):
+                wall = result["wall_medians_s"]
+                wall[streamed] = ratio * wall["tokenfield.trace (in memory)"]
+
+            rewrite(data, f"cpu2-streaming-last-1-ab-{code}-{i}", change)
+    lines = script.early_store_lines(data)
+    assert "| 2 | 1.220x | 1.070x |" in lines
+    assert "| mean | 1.220x | 1.070x |" in lines
+    said = "\n".join(lines)
+    final = "cpu2-streaming-last-1-s18"
+    for ratio, verdict in (
+        (1.15, "met on average but not in every run (3 of 4)"),
+        (1.09, "met in every run"),
+        (1.5, "**not supported** (3 of 4 runs at or below it)"),
+    ):
+
+        def change(result, ratio=ratio):
+            wall = result["wall_medians_s"]
+            wall[streamed] = ratio * wall["tokenfield.trace (in memory)"]
+
+        rewrite(data, final, change)
+        said = "\n".join(script.early_store_lines(data))
+        assert f"the streamed trace {ratio:.3f}x the trace in memory" in said
+        assert f"): {verdict}." in said, said
