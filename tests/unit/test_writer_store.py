@@ -558,3 +558,23 @@ def test_a_run_killed_after_its_early_store_resumes_to_the_uninterrupted_run(tmp
     write_all(resumed)
     assert store_files(run) == store_files(tmp_path / "clean")
     xr.testing.assert_identical(open_run(run).load(), open_run(tmp_path / "clean").load())
+
+
+@pytest.mark.parametrize("hint", [SIZES[0], TOTAL - 1, 3 * TOTAL])
+def test_an_early_store_with_a_wrong_hint_ends_at_the_rows_written(tmp_path, monkeypatch, hint):
+    """The early store is made at the hinted size: one that undercounts grows at the
+    first write, one that overcounts is cut by finish; the run reads back as the one
+    whose store was made at the end."""
+    small_run(tmp_path / "clean").finish()
+    made = stores_made(monkeypatch)
+    writer = RunWriter(
+        tmp_path / "hinted", "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9,
+        background=True, size_hint=hint,
+    )  # fmt: skip
+    write_all(writer)
+    assert made == ["tokenfield-writer_0"]
+    assert lengths(tmp_path / "hinted") == {TOTAL}
+    assert stored(tmp_path / "hinted") == stored(tmp_path / "clean")
+    xr.testing.assert_identical(
+        open_run(tmp_path / "hinted").load(), open_run(tmp_path / "clean").load()
+    )
