@@ -496,14 +496,19 @@ def test_a_run_too_large_for_one_chunk_or_without_a_hint_makes_its_store_as_befo
     made = stores_made(monkeypatch)
     small_chunks(monkeypatch)  # the states of TOTAL rows no longer fit one chunk
     small_run(tmp_path / "large").finish()
+    assert made == ["MainThread"]
     monkeypatch.undo()
     made = stores_made(monkeypatch)
-    RunWriter(
+    writer = RunWriter(
         tmp_path / "no-hint", "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9,
         background=True,
-    ).append(trace_piece(0, SIZES[0]), done=1)  # fmt: skip
+    )  # fmt: skip
+    writer.append(trace_piece(0, SIZES[0]), done=1)
+    writer._wait()
     assert made == []
     assert not (tmp_path / "no-hint" / "trajectory.zarr").exists()
+    writer.finish()
+    assert made == ["MainThread"]
 
 
 def test_a_first_piece_unlike_the_rest_or_a_failed_early_store_leaves_the_write_to_make_it(
@@ -530,9 +535,34 @@ def test_a_first_piece_unlike_the_rest_or_a_failed_early_store_leaves_the_write_
         return real(*args, **kwargs)
 
     monkeypatch.setattr(runs.writer, "create_store", failing_once)
-    small_run(tmp_path / "failed", pieces).finish()
+    writer = small_run(tmp_path / "failed", pieces)
+    writer._wait()
+    # the half-made store is gone, and nothing is kept for the first write to take
+    assert calls["n"] == 1 and writer._prepared is None
+    assert not (tmp_path / "failed" / "trajectory.zarr").exists()
+    writer.finish()
     assert calls["n"] == 2
     assert store_files(tmp_path / "failed") == store_files(tmp_path / "clean")
+
+    # attributes that Zarr takes but JSON cannot sort: the early store is used
+    monkeypatch.setattr(runs.writer, "create_store", real)
+    made = stores_made(monkeypatch)
+    odd_attrs = [piece.assign_attrs(meta={1: "one", "b": "two"}) for piece in pieces]
+    for piece in odd_attrs:
+        piece["states"].attrs["meta"] = {1: "one", "b": "two"}
+    small_run(tmp_path / "attrs", odd_attrs).finish()
+    assert made == ["tokenfield-writer_0"]
+    assert stored(tmp_path / "attrs") == stored(tmp_path / "clean")
+
+    # variables whose signature cannot be taken: never taken for the first piece's
+    def cannot(ds, dim):
+        raise TypeError("no signature")
+
+    made.clear()
+    monkeypatch.setattr(runs.writer, "_signature_of", cannot)
+    small_run(tmp_path / "unsigned", pieces).finish()
+    assert made == ["tokenfield-writer_0", "MainThread"]
+    assert store_files(tmp_path / "unsigned") == store_files(tmp_path / "clean")
 
 
 def test_a_run_killed_after_its_early_store_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
@@ -561,20 +591,67 @@ def test_a_run_killed_after_its_early_store_resumes_to_the_uninterrupted_run(tmp
 
 
 @pytest.mark.parametrize("hint", [SIZES[0], TOTAL - 1, 3 * TOTAL])
-def test_an_early_store_with_a_wrong_hint_ends_at_the_rows_written(tmp_path, monkeypatch, hint):
-    """The early store is made at the hinted size: one that undercounts grows at the
-    first write, one that overcounts is cut by finish; the run reads back as the one
-    whose store was made at the end."""
-    small_run(tmp_path / "clean").finish()
+def test_an_early_store_with_a_wrong_hint_is_made_again_as_before(tmp_path, monkeypatch, hint):
+    """The early store is made with chunks for the hinted size; a hint that under- or
+    overcounts the rows of the first write would give other chunks than the write's own,
+    so the write makes the store as it did before (the same files), and the run ends at
+    the rows written."""
     made = stores_made(monkeypatch)
-    writer = RunWriter(
-        tmp_path / "hinted", "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9,
-        background=True, size_hint=hint,
+
+    def run(name: str) -> Path:
+        writer = RunWriter(
+            tmp_path / name, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9,
+            background=True, size_hint=hint,
+        )  # fmt: skip
+        write_all(writer)
+        return tmp_path / name
+
+    early = run("early")
+    assert made == ["tokenfield-writer_0", "MainThread"]
+    monkeypatch.setattr(RunWriter, "_small_fresh_run", lambda self, piece: False)
+    late = run("late")
+    assert store_files(early) == store_files(late)
+    assert lengths(early) == {TOTAL}
+    small_run(tmp_path / "clean").finish()
+    assert stored(early) == stored(tmp_path / "clean")
+
+
+def test_an_early_store_and_flushes_before_the_end_write_the_run_as_before(tmp_path, monkeypatch):
+    """Flushes for the number of pieces before finish: the first holds fewer rows than the
+    hint, so its store is made again with that write's chunks, as before; the progress is
+    recorded as each write ends."""
+    made = stores_made(monkeypatch)
+    runs_made = {}
+    for name in ("early", "late"):
+        if name == "late":
+            monkeypatch.setattr(RunWriter, "_small_fresh_run", lambda self, piece: False)
+        writer = small_run(tmp_path / name, flush_pieces=2)
+        writer._wait()
+        assert 0 < read_run_info(tmp_path / name).progress["size"] < TOTAL
+        writer.finish()
+        runs_made[name] = tmp_path / name
+    assert made[0] == "tokenfield-writer_0" and len(made) == 3
+    assert store_files(runs_made["early"]) == store_files(runs_made["late"])
+
+
+def test_abandoning_a_resumed_run_leaves_no_early_store(tmp_path, monkeypatch):
+    """A resumed run with nothing recorded, abandoned after its early store: the store
+    goes (the run is left as it was: nothing written)."""
+    run = tmp_path / "resumed"
+    writer = small_run(run)
+    writer._pending = []  # killed before its first write
+    writer._wait()
+    writer.close()
+    assert read_run_info(run).progress["size"] == 0
+    made = stores_made(monkeypatch)
+    resumed = RunWriter(
+        run, "trace", {"a": 1}, append_dim="particle", flush_seconds=1e9, background=True,
+        size_hint=TOTAL,
     )  # fmt: skip
-    write_all(writer)
-    assert made == ["tokenfield-writer_0"]
-    assert lengths(tmp_path / "hinted") == {TOTAL}
-    assert stored(tmp_path / "hinted") == stored(tmp_path / "clean")
-    xr.testing.assert_identical(
-        open_run(tmp_path / "hinted").load(), open_run(tmp_path / "clean").load()
-    )
+    assert not resumed._created
+    resumed.append(trace_piece(0, SIZES[0]), done=1)
+    resumed._wait()
+    assert made == ["tokenfield-writer_0"] and (run / "trajectory.zarr").exists()
+    resumed.abandon()
+    assert not (run / "trajectory.zarr").exists()
+    assert (run / "run.json").exists() and read_run_info(run).progress["size"] == 0

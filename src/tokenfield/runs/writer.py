@@ -138,11 +138,18 @@ def _signature(ds: xr.Dataset, dim: str) -> tuple[Any, ...]:
     """What a store made for ``ds`` depends on, ``dim``'s length aside: its attributes,
     every variable's name, dimensions, dtype, attributes and other sizes, and the values
     of those that do not grow along ``dim`` (written whole when the store is made)."""
-    out: list[Any] = [json.dumps(ds.attrs, sort_keys=True, default=str)]
+    try:
+        return _signature_of(ds, dim)
+    except Exception:  # noqa: BLE001 - attributes json cannot sort, ...: matches nothing
+        return (object(),)
+
+
+def _signature_of(ds: xr.Dataset, dim: str) -> tuple[Any, ...]:
+    out: list[Any] = [repr(ds.attrs)]
     for name in sorted(ds.variables, key=str):
         var = ds.variables[name]
         sizes = tuple((d, n) for d, n in zip(var.dims, var.shape, strict=True) if d != dim)
-        attrs = json.dumps(var.attrs, sort_keys=True, default=str)
+        attrs = repr(var.attrs)
         whole = (
             None
             if dim in var.dims
@@ -613,20 +620,39 @@ class RunWriter:
         fills it (:meth:`_write`) when its variables are the piece's. A failure
         here leaves that write to make the store itself (and to raise)."""
         dim = self.append_dim
+        there = self.store.exists() or self.store.is_symlink()  # not this writer's to remove
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                signature = _signature(piece, dim)
                 encoding = self._layout(piece, int(piece.sizes[dim]), self.size_hint)
                 align = self._align
                 arrays = create_store(self.store, piece, dim, self.size_hint or 0, encoding)
         except Exception:  # noqa: BLE001 - the first write makes the store and reports
             self._align = None
-            with contextlib.suppress(OSError):
-                if self.store.exists():
+            if not there and not self.store.is_symlink():
+                with contextlib.suppress(OSError):
                     shutil.rmtree(self.store)
             return []
-        self._prepared = (_signature(piece, dim), arrays, align)
+        self._prepared = (signature, arrays, align)
         return []
+
+    def _take_prepared(self, merged: xr.Dataset) -> dict[str, Any] | None:
+        """The arrays :meth:`_prepare` made, for the first write of ``merged`` (all of it):
+        when ``merged``'s variables are the first piece's (:func:`_signature`) and the
+        store's chunks are those the write would have made for itself (a hint that
+        over- or undercounts the rows, or a write that holds fewer than the hint, would
+        make others: then the write makes the store, as before). Taken once."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None:
+            return None
+        signature, arrays, align = prepared
+        if signature != _signature(merged, self.append_dim):
+            return None
+        if align != self._align_for(merged, int(merged.sizes[self.append_dim])):
+            return None
+        self._align = align
+        return arrays
 
     def _wait(self) -> None:
         """Wait for the background write, if one runs; raise its error.
@@ -684,11 +710,7 @@ class RunWriter:
         dim = self.append_dim
         encoding = store_encoding(merged, self.compressor)
         rows_now = int(merged.sizes[dim]) if rows_now is None else rows_now
-        self._align = None
-        if self.flush_seconds > 0:
-            row_bytes = _row_bytes(merged, dim)
-            if row_bytes:
-                self._align = max(1, min(rows_now, CHUNK_BYTES // row_bytes))
+        self._align = self._align_for(merged, rows_now)
 
         # 1-D coordinates: chunks (or shards) of COORD_CHUNK rows, or of the run's
         # size when the caller knows it is smaller (a small run is not padded)
@@ -716,6 +738,15 @@ class RunWriter:
                 chunks = min(-(-coord_rows // self._align), COORD_CHUNKS_PER_SHARD)
                 encoding[name]["shards"] = (chunks * self._align,)
         return encoding
+
+    def _align_for(self, merged: xr.Dataset, rows_now: int) -> int | None:
+        """:attr:`_align` of a new buffered store whose first write holds ``rows_now``
+        rows of ``merged``'s variables (see :meth:`_layout`); None for an unbuffered
+        writer, or without a variable of more than one dimension along the growing one."""
+        if self.flush_seconds <= 0:
+            return None
+        row_bytes = _row_bytes(merged, self.append_dim)
+        return max(1, min(rows_now, CHUNK_BYTES // row_bytes)) if row_bytes else None
 
     def _write_released(
         self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]], whole: bool
@@ -783,11 +814,10 @@ class RunWriter:
         with self._forget_arrays_on_error(), _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if creating:
-                prepared, self._prepared = self._prepared, None
-                if prepared is not None and prepared[0] == _signature(merged, dim):
-                    self._arrays, self._align = prepared[1], prepared[2]  # made by _prepare
+                prepared = self._take_prepared(merged)
+                if prepared is not None:
+                    self._arrays = prepared  # made by _prepare, with these chunks
                 else:
-                    prepared = None
                     encoding = self._layout(merged, int(pieces[0].sizes[dim]))
                 if not whole and self._align:  # at least one chunk: align <= these rows
                     stop = total // self._align * self._align
@@ -1031,5 +1061,10 @@ class RunWriter:
         self._pending = []
         if self._created:
             self._clear()
+        elif self._prepared is not None:  # a resumed run's store made early, nothing in it
+            self._prepared = None
+            if not self.store.is_symlink():
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(self.store)
         self._abandoned = True
         self.close()
