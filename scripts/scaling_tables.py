@@ -63,7 +63,9 @@ Session 18 (no GPU): ``cpu2-streaming-last-1-ab-{old,new}-{1,2,3}.json`` are
 the early store (commit 651c1d4) and after it, in turn;
 ``cpu2-writer-s18.json``, ``cpu2-streaming-last-1-s18.json`` and ``cpu2-rss-s18.json``
 the same benchmarks on that session's final code (``-s18-start``: at its start, on
-commit 651c1d4).
+commit 651c1d4); ``cpu2-attention-512-s18.json`` ``benchmarks/attention_readout.py --tokens
+512 --prompts 2 --repeats 5 --json`` on it (the read-out's code unchanged since session 17,
+counted in the CPU verdict).
 """
 
 from __future__ import annotations
@@ -827,13 +829,14 @@ def session16_ratios(data: Path, tokens: int) -> list[float]:
 def cpu_attention_verdict(data: Path) -> list[str]:
     """Issue 25's CPU target (``--attention`` <= 1.5x a plain trace), per prompt length
     over every run of the current code (``cpu2-attention-<tokens>.json`` and any
-    ``-rerun.json`` or ``-ab-new-<i>.json`` beside it): met at a length only if every run
+    ``-rerun.json``, ``-ab-new-<i>.json`` or ``-s18.json`` beside it): met at a length only if every run
     there meets it."""
     new = "attention (queries and keys)"
     met, missed = [], []
     for tokens in ATTENTION_TOKENS:
         names = [f"cpu2-attention-{tokens}", f"cpu2-attention-{tokens}-rerun"]
         names += [f"cpu2-attention-{tokens}-ab-new-{i}" for i in (1, 2)]
+        names.append(f"cpu2-attention-{tokens}-s18")  # session 18: the same code again
         runs = [load(data, name) for name in names if (data / f"{name}.json").exists()]
         ratios = [r["wall_medians_s"][new] / r["wall_medians_s"]["plain"] for r in runs]
         shown = ", ".join(f"{ratio:.2f}x" for ratio in ratios)

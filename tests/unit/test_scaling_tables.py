@@ -116,7 +116,8 @@ def test_the_cpu_attention_verdict_counts_every_run_of_a_length(tmp_path):
     script = load_script()
     data = tmp_path / "scale"
     shutil.copytree(ROOT / "docs" / "data" / "scale", data)
-    for pattern in ("cpu2-attention-*-rerun.json", "cpu2-attention-*-ab-new-*.json"):
+    for pattern in ("cpu2-attention-*-rerun.json", "cpu2-attention-*-ab-new-*.json",
+                    "cpu2-attention-*-s18.json"):  # fmt: skip
         for path in data.glob(pattern):
             path.unlink()
     for tokens in script.ATTENTION_TOKENS:
@@ -137,6 +138,10 @@ def test_the_cpu_attention_verdict_counts_every_run_of_a_length(tmp_path):
     (data / "cpu2-attention-512-ab-new-1.json").write_text(json.dumps(rerun))
     said = "\n".join(script.cpu_attention_verdict(data))
     assert "512 tokens (1.40x, 1.60x)" in said.split("**not supported**")[1]
+    # and so does a later session's run of the same code
+    (data / "cpu2-attention-128-s18.json").write_text(json.dumps(rerun))
+    said = "\n".join(script.cpu_attention_verdict(data))
+    assert "128 tokens (1.40x, 1.60x)" in said.split("**not supported**")[1]
 
 
 def test_the_h100_session17_lines_give_the_verdict_and_the_hosts_spread(tmp_path):
