@@ -3,7 +3,8 @@
 Times a plain trace and ``--attention`` under several settings of the batched
 reduction (the work array's precision ``REDUCE_DTYPE``, the Lanczos in rounds or
 adaptive, ``DEFER_ELEMENTS``; on a GPU, the chains of short prompts solved on the host,
-``HOST_CHAINS_UNTIL_CUDA``), every case in turn for ``--repeats`` rounds, and
+``HOST_CHAINS_UNTIL_CUDA``, and the Lanczos rounds replayed as CUDA graphs,
+``_ROUNDS_GRAPHED``), every case in turn for ``--repeats`` rounds, and
 prints the medians, each setting's ratio to the plain trace, and the largest
 difference of its statistics from the eager path's (float64). Then the
 read-out's own functions timed inside one trace (the device synchronised around
@@ -69,6 +70,7 @@ def main() -> None:
         "defer": at.DEFER_ELEMENTS,
         "graphs": at._GRAPH_COUNTS,
         "host": at.HOST_CHAINS_UNTIL_CUDA,
+        "graphed": at._ROUNDS_GRAPHED,
     }
     variants = {
         "now": {},
@@ -81,6 +83,7 @@ def main() -> None:
     if cuda:  # the chains of short prompts copied to the host, its compiled Lanczos there
         variants["chains on the host below 128 tokens"] = {"host": 128}
         variants["chains on the host below 320 tokens"] = {"host": 320}
+        variants["Lanczos rounds as CUDA graphs"] = {"graphed": True}
 
     def apply(change: dict) -> None:
         settings = {**base, **change}
@@ -90,6 +93,7 @@ def main() -> None:
         at.DEFER_ELEMENTS = settings["defer"]
         at._GRAPH_COUNTS = settings["graphs"]
         at.HOST_CHAINS_UNTIL_CUDA = settings["host"]
+        at._ROUNDS_GRAPHED = settings["graphed"]
 
     def sync() -> None:
         if cuda:

@@ -174,3 +174,34 @@ def test_short_chains_solved_on_the_host_equal_the_gpus_rounds(monkeypatch):
         np.testing.assert_allclose(
             hosted[name].cpu().numpy(), value.cpu().numpy(), rtol=0, atol=1e-5, err_msg=name
         )
+
+
+def test_lanczos_rounds_replayed_as_cuda_graphs_equal_the_rounds_launched_one_by_one(
+    monkeypatch,
+):
+    """``_ROUNDS_GRAPHED``: each round's steps captured once as a CUDA graph and replayed
+    (a second call with other matrices reuses it) give the values of the same steps
+    launched one by one."""
+    from tokenfield.models import attention
+
+    monkeypatch.setattr(attention, "_ROUND_GRAPHS", {})
+    generator = torch.Generator().manual_seed(4)
+    m, count = 64, 300
+    causal = torch.ones(m, m, dtype=torch.bool).tril()
+    results = []
+    for graphed in (False, True, True):
+        monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", graphed)
+        logits = torch.randn(count, m, m, generator=generator) * 3
+        a = logits.masked_fill(~causal, -torch.inf).softmax(-1).cuda()
+        valid = torch.ones(count, m, device="cuda")
+        s, pi = attention._symmetrised(a, valid)
+        eager = None
+        if graphed:
+            monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", False)
+            eager = attention._lanczos_rounds(s, pi.sqrt(), valid)
+            monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", True)
+        got = attention._lanczos_rounds(s, pi.sqrt(), valid)
+        results.append((got, eager))
+    assert attention._ROUND_GRAPHS and all(g is not None for g in attention._ROUND_GRAPHS.values())
+    for got, eager in results[1:]:
+        np.testing.assert_allclose(got.cpu().numpy(), eager.cpu().numpy(), rtol=0, atol=1e-6)

@@ -885,6 +885,52 @@ def test_rounds_certify_fewer_matrices_each_round_and_equal_dense(monkeypatch, d
     assert torch.equal(s, before)
 
 
+@pytest.mark.parametrize(("dtype", "tol"), PRECISIONS)
+def test_rounds_replayed_from_fixed_tensors_equal_the_rounds_as_they_are(monkeypatch, dtype, tol):
+    """``_ROUNDS_GRAPHED`` (off by default; a CUDA graph on a GPU, the same steps on fixed
+    tensors here): a round's matrices padded to the graph's count, a later call with
+    other matrices reusing it (what an earlier call left in the padding changes nothing),
+    the least recently used graph dropped past ``_ROUND_GRAPHS_KEPT``."""
+    assert attention._ROUNDS_GRAPHED is False
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_STEP", 8)
+    monkeypatch.setattr(attention, "_ROUND_GRAPHS", {})
+    n = LANCZOS_FROM + 10
+    rounds = (6, 12, 24)
+    inputs = []
+    for seed, heads in ((7, 5), (8, 3)):
+        s, top = causal_stack(n, heads, seed=seed)
+        inputs.append((s.to(dtype), top.to(dtype), torch.ones((heads, n), dtype=dtype)))
+    plain = [_lanczos_rounds(*x, rounds=rounds) for x in inputs]
+    monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", True)
+    steps = attention._round_steps
+    calls = []
+
+    def counted(s, *args):
+        calls.append(s.shape[0])
+        return steps(s, *args)
+
+    monkeypatch.setattr(attention, "_round_steps", counted)
+    for x, expected in zip(inputs, plain, strict=True):
+        got = _lanczos_rounds(*x, rounds=rounds)
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0, atol=tol / 100)
+    # every round ran on the graphs' 8 matrices, the second call on the first's graphs
+    assert calls and set(calls) == {8}
+    kept = attention._ROUND_GRAPHS
+    assert {key[1:5] for key in kept} >= {(8, n, 0, 6)}
+    assert len(kept) == len({key for key in kept})
+    first = len(calls)
+    _lanczos_rounds(*inputs[0], rounds=rounds)
+    assert len(kept) == len({key[1:5] for key in kept})  # no graph made twice
+    assert len(calls) - first <= len(kept)
+    monkeypatch.setattr(attention, "_ROUND_GRAPHS_KEPT", 1)
+    got = _lanczos_rounds(*inputs[1], rounds=(5,))  # new graphs: the others dropped
+    assert len(kept) == 1 and next(iter(kept))[1:5] == (8, n, 5, n - 1)
+    np.testing.assert_allclose(got.numpy(), plain[1].numpy(), rtol=0, atol=tol)
+    # too wide a matrix, or the graphs off: the steps as they are
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_WIDTH", n - 1)
+    assert attention._round_graph(5, n, 0, 6, dtype, torch.device("cpu")) is None
+
+
 def test_rounds_end_on_the_whole_space_and_fall_back_to_dense_only_there(monkeypatch):
     """With a tolerance no round meets, every matrix goes on to ``m - 1`` steps: the
     whole space, where the Krylov space is spent (a breakdown certifies it) and the

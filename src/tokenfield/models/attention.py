@@ -942,10 +942,11 @@ def _lanczos_rounds(
             grown = basis.new_empty((basis.shape[0], target + 2, m))
             grown[:, : k + 2] = basis[:, : k + 2]
             basis = grown
-        for step in range(k + 1, target + 1):
-            c, b = _lanczos_step(s, basis, step)
-            alpha[:, step - 1] = c[:, 0, 1]
-            beta[:, step - 1] = b[:, 0, 0]
+        graph = _round_graph(basis.shape[0], m, k, target, s.dtype, on)
+        if graph is not None:
+            graph(s, basis, alpha, beta)
+        else:
+            _round_steps(s, basis, alpha, beta, k, target)
         k = target
         gap = _RITZ_GAP_FLOAT32 if single else _RITZ_GAP
         value, residual = _ritz_extremes(*_ritz_inputs(alpha[:, :k], beta[:, :k], single), gap=gap)
@@ -960,6 +961,114 @@ def _lanczos_rounds(
             break
         s, basis, alpha, beta, lane = s[at], basis[at], alpha[at], beta[at], lane[late]
     return result.to(on)
+
+
+def _round_steps(
+    s: torch.Tensor,
+    basis: torch.Tensor,
+    alpha: torch.Tensor,
+    beta: torch.Tensor,
+    first: int,
+    last: int,
+) -> None:
+    """Steps ``first + 1 .. last`` of :func:`_lanczos_rounds` (:func:`_lanczos_step`):
+    ``basis`` rows ``first + 2 .. last + 1``, ``alpha`` and ``beta`` columns ``first ..
+    last - 1`` written."""
+    for step in range(first + 1, last + 1):
+        c, b = _lanczos_step(s, basis, step)
+        alpha[:, step - 1] = c[:, 0, 1]
+        beta[:, step - 1] = b[:, 0, 0]
+
+
+class _RoundGraph:
+    """:func:`_round_steps` for at most ``count`` matrices of width ``m`` on fixed tensors,
+    replayed as one CUDA graph (on a GPU; elsewhere run as it is, which tests the
+    copies): a call copies its matrices and their basis so far in, replays, and copies
+    the new basis rows, ``alpha`` and ``beta`` out. The rows past a call's matrices hold
+    an earlier call's (each matrix's steps are its own: they change nothing else)."""
+
+    def __init__(
+        self, count: int, m: int, first: int, last: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.count, self.first, self.last = count, first, last
+        self.s = torch.zeros((count, m, m), dtype=dtype, device=device)
+        self.basis = torch.zeros((count, last + 2, m), dtype=dtype, device=device)
+        self.alpha = torch.zeros((count, last), dtype=dtype, device=device)
+        self.beta = torch.zeros((count, last), dtype=dtype, device=device)
+
+        def steps() -> None:
+            _round_steps(self.s, self.basis, self.alpha, self.beta, first, last)
+
+        self.replay: Callable[[], Any] = steps
+        if device.type != "cuda":
+            return
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm up outside the capture
+            steps()
+        torch.cuda.current_stream(device).wait_stream(side)
+        pool = _GRAPH_POOLS.setdefault(device, torch.cuda.graph_pool_handle())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            steps()
+        self.replay = graph.replay
+
+    def __call__(
+        self, s: torch.Tensor, basis: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor
+    ) -> None:
+        """:func:`_round_steps` of ``s`` (at most ``count`` matrices) from this graph's
+        ``first`` to its ``last`` step, into ``basis``, ``alpha`` and ``beta``."""
+        n, a, b = s.shape[0], self.first, self.last
+        with _GRAPH_LOCK, torch.no_grad():  # one call at a time: the same buffers
+            self.s[:n] = s
+            self.basis[:n, : a + 2] = basis[:, : a + 2]
+            self.replay()
+            basis[:, a + 2 : b + 2] = self.basis[:n, a + 2 : b + 2]
+            alpha[:, a:b] = self.alpha[:n, a:b]
+            beta[:, a:b] = self.beta[:n, a:b]
+
+
+# _lanczos_rounds replays each round's steps as a CUDA graph (_RoundGraph): off (False)
+# until measured on a GPU (benchmarks/attention_variants.py: "Lanczos rounds as CUDA
+# graphs"). Its case: at 64 tokens a round is 63 steps of about ten small kernels each,
+# about 0.4 ms a step on an H100 in session 17 whatever the number of matrices (the
+# launches and the host), about 25 ms a batch of eight prompts. Graphs for matrices of
+# _ROUND_GRAPH_WIDTH tokens at most, their count rounded up to a multiple of
+# _ROUND_GRAPH_STEP, at most _ROUND_GRAPH_BYTES of matrices each, the last
+# _ROUND_GRAPHS_KEPT kept (each holds a copy of its matrices and basis on the GPU).
+_ROUNDS_GRAPHED = False
+_ROUND_GRAPH_WIDTH = 320
+_ROUND_GRAPH_STEP = 256
+_ROUND_GRAPH_BYTES = 1 << 29
+_ROUND_GRAPHS_KEPT = 6
+_ROUND_GRAPHS: dict[tuple[Any, ...], _RoundGraph | None] = {}
+
+
+def _round_graph(
+    n: int, m: int, first: int, last: int, dtype: torch.dtype, device: torch.device
+) -> _RoundGraph | None:
+    """The :class:`_RoundGraph` for ``n`` matrices of width ``m`` from step ``first`` to
+    ``last`` (made on first use, the least recently used dropped past
+    :data:`_ROUND_GRAPHS_KEPT`), or None: graphs off (:data:`_ROUNDS_GRAPHED`), too wide
+    or too large, or the capture refused (the steps then run as they are)."""
+    count = -(-n // _ROUND_GRAPH_STEP) * _ROUND_GRAPH_STEP
+    size = count * m * m * torch.empty((), dtype=dtype).element_size()
+    if not _ROUNDS_GRAPHED or m > _ROUND_GRAPH_WIDTH or size > _ROUND_GRAPH_BYTES:
+        return None
+    key = (device, count, m, first, last, dtype)
+    with _GRAPH_LOCK:
+        if key in _ROUND_GRAPHS:
+            _ROUND_GRAPHS[key] = _ROUND_GRAPHS.pop(key)  # the most recently used last
+            return _ROUND_GRAPHS[key]
+        while len(_ROUND_GRAPHS) >= _ROUND_GRAPHS_KEPT:
+            _ROUND_GRAPHS.pop(next(iter(_ROUND_GRAPHS)))
+        try:  # normal tensors, which a later call may update outside inference mode too
+            with torch.inference_mode(False), torch.no_grad():
+                made: _RoundGraph | None = _RoundGraph(count, m, first, last, dtype, device)
+        except RuntimeError:  # capture refused (or out of memory): the steps as they are
+            made = None
+        _ROUND_GRAPHS[key] = made
+        return made
 
 
 def _first_vectors(top: torch.Tensor, start: torch.Tensor, steps: int) -> torch.Tensor:
