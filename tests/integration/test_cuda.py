@@ -168,7 +168,16 @@ def test_short_chains_solved_on_the_host_equal_the_gpus_rounds(monkeypatch):
     on_gpu = attention._reduce_padded(a.cuda(), lengths.cuda(), True)
     monkeypatch.setattr(attention, "HOST_CHAINS_UNTIL_CUDA", 128)
     assert attention._on_host(a.cuda())
+    solved = []
+    chains = attention._compiled_chains
+
+    def spied(kernel, weights, valid, skip):
+        solved.append((weights.device.type, valid.device.type))
+        return chains(kernel, weights, valid, skip)
+
+    monkeypatch.setattr(attention, "_compiled_chains", spied)
     hosted = attention._reduce_padded(a.cuda(), lengths.cuda(), True)
+    assert solved == [("cpu", "cpu")]
     for name, value in on_gpu.items():
         assert hosted[name].device.type == "cuda", name
         np.testing.assert_allclose(
@@ -179,29 +188,32 @@ def test_short_chains_solved_on_the_host_equal_the_gpus_rounds(monkeypatch):
 def test_lanczos_rounds_replayed_as_cuda_graphs_equal_the_rounds_launched_one_by_one(
     monkeypatch,
 ):
-    """``_ROUNDS_GRAPHED``: each round's steps captured once as a CUDA graph and replayed
-    (a second call with other matrices reuses it) give the values of the same steps
-    launched one by one."""
+    """``_ROUNDS_GRAPHED``: each round's steps (three rounds: the later ones on the
+    matrices not yet certified, their basis grown) captured once as a CUDA graph, the
+    first time inside inference mode as in a trace, and replayed for other matrices
+    (fewer of them: the padding holds the earlier call's) give the values of the same
+    steps launched one by one."""
     from tokenfield.models import attention
 
     monkeypatch.setattr(attention, "_ROUND_GRAPHS", {})
+    monkeypatch.setattr(attention, "_ROUNDS_SEEN", {})
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_AFTER", 1)
     generator = torch.Generator().manual_seed(4)
-    m, count = 64, 300
+    m = 64
     causal = torch.ones(m, m, dtype=torch.bool).tril()
-    results = []
-    for graphed in (False, True, True):
-        monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", graphed)
+    made = []
+    for count, inference in ((300, True), (260, False)):
         logits = torch.randn(count, m, m, generator=generator) * 3
         a = logits.masked_fill(~causal, -torch.inf).softmax(-1).cuda()
         valid = torch.ones(count, m, device="cuda")
         s, pi = attention._symmetrised(a, valid)
-        eager = None
-        if graphed:
-            monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", False)
-            eager = attention._lanczos_rounds(s, pi.sqrt(), valid)
-            monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", True)
-        got = attention._lanczos_rounds(s, pi.sqrt(), valid)
-        results.append((got, eager))
-    assert attention._ROUND_GRAPHS and all(g is not None for g in attention._ROUND_GRAPHS.values())
-    for got, eager in results[1:]:
-        np.testing.assert_allclose(got.cpu().numpy(), eager.cpu().numpy(), rtol=0, atol=1e-6)
+        monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", False)
+        eager = attention._lanczos_rounds(s, pi.sqrt(), valid, rounds=(8, 24))
+        monkeypatch.setattr(attention, "_ROUNDS_GRAPHED", True)
+        with torch.inference_mode(inference):
+            got = attention._lanczos_rounds(s, pi.sqrt(), valid, rounds=(8, 24))
+        made.append(dict(attention._ROUND_GRAPHS))
+        np.testing.assert_allclose(got.cpu().numpy(), eager.cpu().numpy(), rtol=0, atol=2e-6)
+    assert made[0] and all(graph is not None for graph in made[0].values())
+    assert {key[3:5] for key in made[0]} >= {(0, 8)}
+    assert all(made[1][key] is graph for key, graph in made[0].items() if key[1] == 512)

@@ -894,6 +894,8 @@ def test_rounds_replayed_from_fixed_tensors_equal_the_rounds_as_they_are(monkeyp
     assert attention._ROUNDS_GRAPHED is False
     monkeypatch.setattr(attention, "_ROUND_GRAPH_STEP", 8)
     monkeypatch.setattr(attention, "_ROUND_GRAPHS", {})
+    monkeypatch.setattr(attention, "_ROUNDS_SEEN", {})
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_AFTER", 1)  # made the first time
     n = LANCZOS_FROM + 10
     rounds = (6, 12, 24)
     inputs = []
@@ -926,9 +928,23 @@ def test_rounds_replayed_from_fixed_tensors_equal_the_rounds_as_they_are(monkeyp
     got = _lanczos_rounds(*inputs[1], rounds=(5,))  # new graphs: the others dropped
     assert len(kept) == 1 and next(iter(kept))[1:5] == (8, n, 5, n - 1)
     np.testing.assert_allclose(got.numpy(), plain[1].numpy(), rtol=0, atol=tol)
-    # too wide a matrix, or the graphs off: the steps as they are
+    # by default a round's graph is made the second time it is asked for: a width seen
+    # once (prompts of many lengths) costs no capture
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_AFTER", 2)
+    cpu = torch.device("cpu")
+    assert attention._round_graph(5, n, 0, 7, dtype, cpu) is None
+    made = attention._round_graph(5, n, 0, 7, dtype, cpu)
+    assert made is not None and attention._round_graph(3, n, 0, 7, dtype, cpu) is made
+    # too wide a matrix, or too many bytes: the steps as they are
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_AFTER", 1)
     monkeypatch.setattr(attention, "_ROUND_GRAPH_WIDTH", n - 1)
-    assert attention._round_graph(5, n, 0, 6, dtype, torch.device("cpu")) is None
+    assert attention._round_graph(5, n, 0, 6, dtype, cpu) is None
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_WIDTH", n)
+    per_graph = 8 * (n * n + 8 * n + 12) * torch.empty((), dtype=dtype).element_size()
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_BYTES", per_graph - 1)
+    assert attention._round_graph(5, n, 0, 6, dtype, cpu) is None
+    monkeypatch.setattr(attention, "_ROUND_GRAPH_BYTES", per_graph)
+    assert attention._round_graph(5, n, 0, 6, dtype, cpu) is not None
 
 
 def test_rounds_end_on_the_whole_space_and_fall_back_to_dense_only_there(monkeypatch):

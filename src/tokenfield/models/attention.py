@@ -725,8 +725,8 @@ _GRAPH_ROWS = 32
 # (180): 51 %, 88 %, 100 % at 24, 32, 48.
 LANCZOS_ROUNDS_CUDA = (48, 96)
 FIXED_ON = ("cuda",)
-# On a GPU, the float32 chains of prompts of COMPILED_FROM up to this many tokens (the
-# padded width) are copied to the host and solved there by the compiled Lanczos
+# On a GPU, the float32 chains of prompts of COMPILED_FROM tokens to fewer than this many
+# (the padded width) are copied to the host and solved there by the compiled Lanczos
 # (_compiled_pair, on torch's threads) instead of by _lanczos_rounds on the GPU: 0, off,
 # until measured on a GPU. Its case for short prompts: at 64 tokens the GPU's rounds
 # take the whole space (63 steps of about 0.4 ms each, bound by launches and the host,
@@ -999,19 +999,8 @@ class _RoundGraph:
         def steps() -> None:
             _round_steps(self.s, self.basis, self.alpha, self.beta, first, last)
 
-        self.replay: Callable[[], Any] = steps
-        if device.type != "cuda":
-            return
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm up outside the capture
-            steps()
-        torch.cuda.current_stream(device).wait_stream(side)
-        pool = _GRAPH_POOLS.setdefault(device, torch.cuda.graph_pool_handle())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            steps()
-        self.replay = graph.replay
+        self.device = device
+        (self.replay,) = _captured((steps,), device)
 
     def __call__(
         self, s: torch.Tensor, basis: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor
@@ -1019,7 +1008,7 @@ class _RoundGraph:
         """:func:`_round_steps` of ``s`` (at most ``count`` matrices) from this graph's
         ``first`` to its ``last`` step, into ``basis``, ``alpha`` and ``beta``."""
         n, a, b = s.shape[0], self.first, self.last
-        with _GRAPH_LOCK, torch.no_grad():  # one call at a time: the same buffers
+        with _GRAPH_LOCK, torch.no_grad(), _on(self.device):  # one call at a time
             self.s[:n] = s
             self.basis[:n, : a + 2] = basis[:, : a + 2]
             self.replay()
@@ -1034,25 +1023,32 @@ class _RoundGraph:
 # about 0.4 ms a step on an H100 in session 17 whatever the number of matrices (the
 # launches and the host), about 25 ms a batch of eight prompts. Graphs for matrices of
 # _ROUND_GRAPH_WIDTH tokens at most, their count rounded up to a multiple of
-# _ROUND_GRAPH_STEP, at most _ROUND_GRAPH_BYTES of matrices each, the last
-# _ROUND_GRAPHS_KEPT kept (each holds a copy of its matrices and basis on the GPU).
+# _ROUND_GRAPH_STEP, each made the _ROUND_GRAPH_AFTER-th time its round is seen (a
+# capture costs about two rounds: the warm-up and the capture; widths seen once, as
+# with prompts of many lengths, stay eager), holding at most _ROUND_GRAPH_BYTES of
+# fixed tensors (a copy of the matrices, the basis, alpha and beta), the last
+# _ROUND_GRAPHS_KEPT kept.
 _ROUNDS_GRAPHED = False
 _ROUND_GRAPH_WIDTH = 320
 _ROUND_GRAPH_STEP = 256
+_ROUND_GRAPH_AFTER = 2
 _ROUND_GRAPH_BYTES = 1 << 29
 _ROUND_GRAPHS_KEPT = 6
 _ROUND_GRAPHS: dict[tuple[Any, ...], _RoundGraph | None] = {}
+_ROUNDS_SEEN: dict[tuple[Any, ...], int] = {}
 
 
 def _round_graph(
     n: int, m: int, first: int, last: int, dtype: torch.dtype, device: torch.device
 ) -> _RoundGraph | None:
     """The :class:`_RoundGraph` for ``n`` matrices of width ``m`` from step ``first`` to
-    ``last`` (made on first use, the least recently used dropped past
-    :data:`_ROUND_GRAPHS_KEPT`), or None: graphs off (:data:`_ROUNDS_GRAPHED`), too wide
-    or too large, or the capture refused (the steps then run as they are)."""
+    ``last`` (made the :data:`_ROUND_GRAPH_AFTER`-th time it is asked for, the least
+    recently used dropped past :data:`_ROUND_GRAPHS_KEPT`), or None: graphs off
+    (:data:`_ROUNDS_GRAPHED`), too wide or too large, not asked for often enough yet, or
+    the capture refused (the steps then run as they are)."""
     count = -(-n // _ROUND_GRAPH_STEP) * _ROUND_GRAPH_STEP
-    size = count * m * m * torch.empty((), dtype=dtype).element_size()
+    elements = count * (m * m + (last + 2) * m + 2 * last)
+    size = elements * torch.empty((), dtype=dtype).element_size()
     if not _ROUNDS_GRAPHED or m > _ROUND_GRAPH_WIDTH or size > _ROUND_GRAPH_BYTES:
         return None
     key = (device, count, m, first, last, dtype)
@@ -1060,6 +1056,12 @@ def _round_graph(
         if key in _ROUND_GRAPHS:
             _ROUND_GRAPHS[key] = _ROUND_GRAPHS.pop(key)  # the most recently used last
             return _ROUND_GRAPHS[key]
+        seen = _ROUNDS_SEEN.pop(key, 0) + 1
+        if seen < _ROUND_GRAPH_AFTER:  # not yet: eager this time
+            if len(_ROUNDS_SEEN) >= 1024:
+                _ROUNDS_SEEN.clear()
+            _ROUNDS_SEEN[key] = seen
+            return None
         while len(_ROUND_GRAPHS) >= _ROUND_GRAPHS_KEPT:
             _ROUND_GRAPHS.pop(next(iter(_ROUND_GRAPHS)))
         try:  # normal tensors, which a later call may update outside inference mode too
@@ -1356,29 +1358,15 @@ class _RitzGraphs:
         def end() -> None:
             self.out = self.state.finish()
 
-        self.parts: tuple[Callable[[], Any], ...] = (start, more, end)
-        if device.type != "cuda":  # run as they are (tests the padding on the CPU)
-            return
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm up outside the capture
-            for part in self.parts:
-                part()
-        torch.cuda.current_stream(device).wait_stream(side)
-        pool = _GRAPH_POOLS.setdefault(device, torch.cuda.graph_pool_handle())
-        graphs = []
-        for part in self.parts:
-            graphs.append(torch.cuda.CUDAGraph())
-            with torch.cuda.graph(graphs[-1], pool=pool):
-                part()
-        self.parts = tuple(graph.replay for graph in graphs)
+        self.device = device
+        self.parts: tuple[Callable[[], Any], ...] = _captured((start, more, end), device)
 
     def __call__(self, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         """:meth:`_RitzState.finish` of ``alpha``, ``beta`` (at most ``count`` rows)."""
         n, k = alpha.shape
         # one call at a time: the graphs read and write the same buffers (threads
         # tracing at once in one process wait here instead of mixing their matrices)
-        with _GRAPH_LOCK, torch.no_grad():
+        with _GRAPH_LOCK, torch.no_grad(), _on(self.device):
             for buffer in (self.alpha, self.inner, self.last):
                 buffer.zero_()
             self.alpha[:n, :k] = alpha
@@ -1396,7 +1384,47 @@ class _RitzGraphs:
 
 
 _GRAPH_LOCK = threading.Lock()
+# One memory pool for all the CUDA graphs of a device (_RitzGraphs, _RoundGraph): they
+# never run at once (_GRAPH_LOCK), and none leaves an output in the pool that another
+# graph's replay could overwrite (their outputs are fixed tensors made before the
+# capture, or cloned under the lock); a graph that kept one there would break this.
 _GRAPH_POOLS: dict[torch.device, Any] = {}
+_SIDE_STREAMS: dict[torch.device, Any] = {}
+
+
+def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """``device`` made the current CUDA device (a graph captures and replays on the
+    current device's streams), nothing elsewhere."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _captured(
+    parts: tuple[Callable[[], Any], ...], device: torch.device
+) -> tuple[Callable[[], Any], ...]:
+    """``parts`` (functions on fixed tensors) as the replays of CUDA graphs captured now,
+    one each, in the device's shared pool, after a warm-up on the device's side stream
+    (one per device: each stream that runs cuBLAS keeps a workspace); on the CPU,
+    ``parts`` as they are."""
+    if device.type != "cuda":
+        return parts
+    with _on(device):
+        side = _SIDE_STREAMS.get(device)
+        if side is None:
+            side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm up outside the capture
+            for part in parts:
+                part()
+        torch.cuda.current_stream(device).wait_stream(side)
+        pool = _GRAPH_POOLS.setdefault(device, torch.cuda.graph_pool_handle())
+        graphs = []
+        for part in parts:
+            graphs.append(torch.cuda.CUDAGraph())
+            with torch.cuda.graph(graphs[-1], pool=pool):
+                part()
+    return tuple(graph.replay for graph in graphs)
+
+
 _GRAPHS: dict[tuple[torch.device, int, int], _RitzGraphs | None] = {}
 
 
