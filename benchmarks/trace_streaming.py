@@ -176,6 +176,68 @@ def rss_results(sizes: tuple[int, ...]) -> dict:
     return results
 
 
+# (module of tokenfield, class in it or None, function, label)
+PHASES = (
+    ("runs.writer", None, "create_store", "store made"),
+    ("runs.writer", "RunWriter", "finish", "finish (the last write, consolidate, run.json)"),
+    ("runs.read", None, "_open_run", "read back (open_run)"),
+)
+
+
+def phase_results(model, prompts: list[str], common: dict, repeats: int) -> dict:
+    """A streamed trace's fixed costs, phase by phase (:data:`PHASES`): each phase's
+    wall time within a trace, split by the thread it ran in (the caller's, or the
+    writer's background thread, which runs beside the next batches), medians over
+    ``repeats`` traces after a warm-up, beside the whole streamed trace's and an
+    in-memory trace's (taken in turn)."""
+    import importlib
+    import threading
+
+    import tokenfield as tf
+
+    spent: dict[str, float] = {}
+    saved = []
+    for module, cls, name, label in PHASES:
+        owner = importlib.import_module(f"tokenfield.{module}")
+        owner = getattr(owner, cls) if cls else owner
+        real = getattr(owner, name)
+
+        def timed(*a, _real=real, _label=label, **k):
+            start = time.perf_counter()
+            try:
+                return _real(*a, **k)
+            finally:
+                writer = threading.current_thread().name.startswith("tokenfield-writer")
+                key = f"{_label}, {'background thread' if writer else 'caller'}"
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
+
+        saved.append((owner, name, real))
+        setattr(owner, name, timed)
+    runs: dict[str, list[float]] = {}
+    try:
+        for repeat in range(repeats + 1):  # the first: warm-up
+            spent.clear()
+            folder = tempfile.mkdtemp()
+            start = time.perf_counter()
+            tf.trace(model, prompts, out=f"{folder}/run", **common)
+            whole = time.perf_counter() - start
+            shutil.rmtree(folder)
+            start = time.perf_counter()
+            tf.trace(model, prompts, **common)
+            memory = time.perf_counter() - start
+            if repeat:
+                for key, value in {**spent, "streamed trace": whole, "in memory": memory}.items():
+                    runs.setdefault(key, []).append(value)
+    finally:
+        for owner, name, real in saved:
+            setattr(owner, name, real)
+    medians = {key: 1e3 * statistics.median(values) for key, values in runs.items()}
+    for key, value in medians.items():
+        print(f"  {key:60s} {value:8.1f} ms")
+    return {"phases_ms": medians, "phase_runs_s": runs, "repeats": repeats,
+            "loadavg": os.getloadavg()}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -210,6 +272,12 @@ def main() -> None:
         action="store_true",
         help="only the 20,000 / 200 RSS ratio under the diagnostic variants (RSS_VARIANTS)",
     )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="only the streamed trace's fixed costs, phase by phase (PHASES), medians over "
+        "--repeats traces",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     sizes = (200, 2000, 20000) if args.rss_20000 else (200, 2000)
@@ -237,6 +305,11 @@ def main() -> None:
         for i in range(0, len(encoded), args.batch_size)
     ]
     common = {"batch_size": args.batch_size, "positions": args.positions}
+    if args.phases:
+        results = phase_results(model, prompts, common, args.repeats)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        return
 
     def plain() -> None:
         with torch.inference_mode():

@@ -188,38 +188,38 @@ def test_the_in_turn_comparison_quotes_both_codes():
 
 
 def test_the_early_store_table_reads_each_round_of_both_codes(tmp_path):
-    """Session 18's A/B: each round's ratio from its own file, the code before in the
-    first column, and the mean over the rounds."""
+    """Session 18's early store, tried and reverted: each round's ratio from its own file,
+    the writer as it is in the first column; the verdict on the 1.10x target counts the
+    runs of the writer as it is (the rounds' and the session's first two), never the
+    early store's."""
     import shutil
 
     script = load_script()
     data = tmp_path / "scale"
     shutil.copytree(ROOT / "docs" / "data" / "scale", data)
     streamed = "tokenfield.trace (streamed to Zarr)"
-    for code, ratio in (("old", 1.2), ("new", 1.05)):
-        for i in (1, 2, 3):
 
-            def change(result, ratio=ratio + 0.01 * i):
-                wall = result["wall_medians_s"]
-                wall[streamed] = ratio * wall["tokenfield.trace (in memory)"]
-
-            rewrite(data, f"cpu2-streaming-last-1-ab-{code}-{i}", change)
-    lines = script.early_store_lines(data)
-    assert "| 2 | 1.220x | 1.070x |" in lines
-    assert "| mean | 1.220x | 1.070x |" in lines
-    said = "\n".join(lines)
-    final = "cpu2-streaming-last-1-s18"
-    for ratio, verdict in (
-        (1.15, "met on average but not in every run (3 of 4)"),
-        (1.09, "met in every run"),
-        (1.5, "**not supported** (3 of 4 runs at or below it)"),
-    ):
-
-        def change(result, ratio=ratio):
+    def setting(ratio):
+        def change(result):
             wall = result["wall_medians_s"]
             wall[streamed] = ratio * wall["tokenfield.trace (in memory)"]
 
-        rewrite(data, final, change)
-        said = "\n".join(script.early_store_lines(data))
-        assert f"the streamed trace {ratio:.3f}x the trace in memory" in said
+        return change
+
+    for code, ratio in (("old", 1.05), ("new", 1.2)):
+        for i in (1, 2, 3):
+            rewrite(data, f"cpu2-streaming-last-1-ab-{code}-{i}", setting(ratio + 0.01 * i))
+    rewrite(data, "cpu2-streaming-last-1-early-store", setting(1.5))
+    for start, verdict in (
+        (1.12, "met on average but not in every run (3 of 5)"),
+        (1.09, "met in every run"),
+        (1.3, "**not supported** (3 of 5 runs at or below it)"),
+    ):
+        for i in (1, 2):
+            rewrite(data, f"cpu2-streaming-last-1-s18-start-{i}", setting(start))
+        lines = script.early_store_lines(data)
+        assert "| 2 | 1.070x | 1.220x |" in lines
+        assert "| mean | 1.070x | 1.220x |" in lines
+        said = "\n".join(lines)
+        assert "One more run with the early store (`--repeats 7`): 1.500x." in said
         assert f"): {verdict}." in said, said

@@ -118,49 +118,6 @@ COORD_CHUNKS_PER_SHARD = 64
 # at the default flush_bytes). Each write of them cost about as much as writing 64 MiB of
 # states (a dozen small sharded arrays through Zarr).
 LAG_WRITES = 15
-
-
-def _row_bytes(ds: xr.Dataset, dim: str) -> int:
-    """Bytes per row along ``dim`` of ``ds``'s largest variable of more than one dimension
-    growing along it (0: none)."""
-    rows = max(1, int(ds.sizes.get(dim, 0)))
-    return max(
-        (
-            var.dtype.itemsize * var.size // rows
-            for var in ds.variables.values()
-            if dim in var.dims and var.ndim > 1
-        ),
-        default=0,
-    )
-
-
-def _signature(ds: xr.Dataset, dim: str) -> tuple[Any, ...]:
-    """What a store made for ``ds`` depends on, ``dim``'s length aside: its attributes,
-    every variable's name, dimensions, dtype, attributes and other sizes, and the values
-    of those that do not grow along ``dim`` (written whole when the store is made)."""
-    try:
-        return _signature_of(ds, dim)
-    except Exception:  # noqa: BLE001 - attributes json cannot sort, ...: matches nothing
-        return (object(),)
-
-
-def _signature_of(ds: xr.Dataset, dim: str) -> tuple[Any, ...]:
-    out: list[Any] = [repr(ds.attrs)]
-    for name in sorted(ds.variables, key=str):
-        var = ds.variables[name]
-        sizes = tuple((d, n) for d, n in zip(var.dims, var.shape, strict=True) if d != dim)
-        attrs = repr(var.attrs)
-        whole = (
-            None
-            if dim in var.dims
-            else var.values.tobytes()
-            if var.dtype.kind != "O"
-            else tuple(var.values.ravel().tolist())
-        )
-        out.append((str(name), var.dims, var.dtype.str, sizes, attrs, whole))
-    return tuple(out)
-
-
 # Stands for the config in run.json's outline while the rest is serialised (_record).
 _CONFIG_SLOT = "\x00tokenfield: the run's config\x00"
 
@@ -296,10 +253,6 @@ class RunWriter:
         # them (pre-sized from size_hint, see _capacity_for); None: not pre-sized,
         # every write resizes them to the rows written so far
         self._capacity: int | None = None
-        # a small run's store, made in the background from its first piece before the
-        # first write (_prepare): what it was made for, its open arrays, its chunk rows
-        self._prepared: tuple[Any, dict[str, Any], int | None] | None = None
-        self._prepare_tried = False
         self.config = canonical_config(config)
         # every piece carries these attrs: one string, made once (a trace's config
         # lists its prompts, so a string per piece grew with the prompts twice over)
@@ -565,10 +518,6 @@ class RunWriter:
         """
         piece = piece.copy()
         piece.attrs = dict(self._attrs)
-        if not self._prepare_tried:
-            self._prepare_tried = True
-            if self._writing is None and not self._pending and self._small_fresh_run(piece):
-                self._writing = self._background().submit(self._prepare, piece)
         self._pending.append((piece, int(done), progress))
         self._pending_bytes += int(piece.nbytes)
         full = self._pending_bytes >= self.flush_bytes
@@ -587,72 +536,10 @@ class RunWriter:
             self._wait()  # one write at a time, and its error (if any) raised here
             pending, self._pending, self._pending_bytes = self._pending, [], 0
             self._last_flush = time.monotonic()
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenfield-writer")
             self._inflight = pending
-            self._writing = self._background().submit(self._write_released, pending, whole)
-
-    def _background(self) -> ThreadPoolExecutor:
-        """The one thread that writes in the background (made on first use)."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenfield-writer")
-        return self._executor
-
-    def _small_fresh_run(self, piece: xr.Dataset) -> bool:
-        """Whether :meth:`_prepare` should make the store from ``piece``, the first:
-        a background writer with a size hint, starting a new store, whose larger
-        variables will fit one chunk (:data:`CHUNK_BYTES`) at the hinted size. Such a
-        run's pieces all wait in memory until :meth:`finish`, and the store (about 70
-        ms for a trace's two dozen arrays on the 2-core machine) was made there, after
-        the last batch; a larger run's first write already runs in the background."""
-        if not (self.background and self.size_hint and self._written is None):
-            return False
-        if self.store.exists() or int(self.info.progress.get("size", 0)) != 0:
-            return False
-        rows = int(piece.sizes.get(self.append_dim, 0))
-        if rows <= 0:
-            return False
-        largest = _row_bytes(piece, self.append_dim)
-        return 0 < largest * self.size_hint <= CHUNK_BYTES
-
-    def _prepare(self, piece: xr.Dataset) -> list[tuple[xr.Dataset, int, dict[str, Any]]]:
-        """Make the store of a small new run (:meth:`_small_fresh_run`) from its first
-        piece, its arrays at the hinted size and not yet written, while the caller
-        computes the next pieces (in the background thread); the first write then
-        fills it (:meth:`_write`) when its variables are the piece's. A failure
-        here leaves that write to make the store itself (and to raise)."""
-        dim = self.append_dim
-        there = self.store.exists() or self.store.is_symlink()  # not this writer's to remove
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                signature = _signature(piece, dim)
-                encoding = self._layout(piece, int(piece.sizes[dim]), self.size_hint)
-                align = self._align
-                arrays = create_store(self.store, piece, dim, self.size_hint or 0, encoding)
-        except Exception:  # noqa: BLE001 - the first write makes the store and reports
-            self._align = None
-            if not there and not self.store.is_symlink():
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(self.store)
-            return []
-        self._prepared = (signature, arrays, align)
-        return []
-
-    def _take_prepared(self, merged: xr.Dataset) -> dict[str, Any] | None:
-        """The arrays :meth:`_prepare` made, for the first write of ``merged`` (all of it):
-        when ``merged``'s variables are the first piece's (:func:`_signature`) and the
-        store's chunks are those the write would have made for itself (a hint that
-        over- or undercounts the rows, or a write that holds fewer than the hint, would
-        make others: then the write makes the store, as before). Taken once."""
-        prepared, self._prepared = self._prepared, None
-        if prepared is None:
-            return None
-        signature, arrays, align = prepared
-        if signature != _signature(merged, self.append_dim):
-            return None
-        if align != self._align_for(merged, int(merged.sizes[self.append_dim])):
-            return None
-        self._align = align
-        return arrays
+            self._writing = self._executor.submit(self._write_released, pending, whole)
 
     def _wait(self) -> None:
         """Wait for the background write, if one runs; raise its error.
@@ -693,11 +580,8 @@ class RunWriter:
         self._pending_bytes = sum(int(piece.nbytes) for piece, _d, _p in held)
         self._last_flush = time.monotonic()
 
-    def _layout(
-        self, merged: xr.Dataset, first: int, rows_now: int | None = None
-    ) -> dict[str, dict[str, Any]]:
-        """The encoding of a new store (codecs and chunks), and :attr:`_align`
-        (``rows_now``: the rows of the first write, ``merged``'s by default).
+    def _layout(self, merged: xr.Dataset, first: int) -> dict[str, dict[str, Any]]:
+        """The encoding of a new store (codecs and chunks), and :attr:`_align`.
 
         A buffered writer (few, large writes) keeps its 1-D coordinates (tokens,
         prompts, ...) in long chunks: a few files to read back instead of one per
@@ -709,8 +593,16 @@ class RunWriter:
         keeps one piece (``first`` rows) per chunk, as before."""
         dim = self.append_dim
         encoding = store_encoding(merged, self.compressor)
-        rows_now = int(merged.sizes[dim]) if rows_now is None else rows_now
-        self._align = self._align_for(merged, rows_now)
+        growing = [var for var in merged.variables.values() if dim in var.dims]
+        rows_now = int(merged.sizes[dim])
+        self._align = None
+        if self.flush_seconds > 0:
+            row_bytes = max(
+                (v.dtype.itemsize * v.size // max(1, rows_now) for v in growing if v.ndim > 1),
+                default=0,
+            )
+            if row_bytes:
+                self._align = max(1, min(rows_now, CHUNK_BYTES // row_bytes))
 
         # 1-D coordinates: chunks (or shards) of COORD_CHUNK rows, or of the run's
         # size when the caller knows it is smaller (a small run is not padded)
@@ -738,15 +630,6 @@ class RunWriter:
                 chunks = min(-(-coord_rows // self._align), COORD_CHUNKS_PER_SHARD)
                 encoding[name]["shards"] = (chunks * self._align,)
         return encoding
-
-    def _align_for(self, merged: xr.Dataset, rows_now: int) -> int | None:
-        """:attr:`_align` of a new buffered store whose first write holds ``rows_now``
-        rows of ``merged``'s variables (see :meth:`_layout`); None for an unbuffered
-        writer, or without a variable of more than one dimension along the growing one."""
-        if self.flush_seconds <= 0:
-            return None
-        row_bytes = _row_bytes(merged, self.append_dim)
-        return max(1, min(rows_now, CHUNK_BYTES // row_bytes)) if row_bytes else None
 
     def _write_released(
         self, pending: list[tuple[xr.Dataset, int, dict[str, Any]]], whole: bool
@@ -814,11 +697,7 @@ class RunWriter:
         with self._forget_arrays_on_error(), _write_errors(self.store), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if creating:
-                prepared = self._take_prepared(merged)
-                if prepared is not None:
-                    self._arrays = prepared  # made by _prepare, with these chunks
-                else:
-                    encoding = self._layout(merged, int(pieces[0].sizes[dim]))
+                encoding = self._layout(merged, int(pieces[0].sizes[dim]))
                 if not whole and self._align:  # at least one chunk: align <= these rows
                     stop = total // self._align * self._align
                 # the arrays are created at their size (with a size hint, the whole
@@ -826,10 +705,9 @@ class RunWriter:
                 # written straight from the rows, see _write_at)
                 first_rows = merged.isel({dim: slice(0, stop - at)})
                 self._capacity = max(self.size_hint, stop) if self.size_hint else None
-                if prepared is None:
-                    self._arrays = create_store(
-                        self.store, merged, dim, self._capacity or stop - at, encoding
-                    )
+                self._arrays = create_store(
+                    self.store, merged, dim, self._capacity or stop - at, encoding
+                )
                 if not _write_at(
                     self.store, first_rows, dim, 0, cache=self._arrays, grow_to=self._capacity
                 ):
@@ -1061,10 +939,5 @@ class RunWriter:
         self._pending = []
         if self._created:
             self._clear()
-        elif self._prepared is not None:  # a resumed run's store made early, nothing in it
-            self._prepared = None
-            if not self.store.is_symlink():
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(self.store)
         self._abandoned = True
         self.close()
