@@ -1046,10 +1046,11 @@ def _round_graph(
     recently used dropped past :data:`_ROUND_GRAPHS_KEPT`), or None: graphs off
     (:data:`_ROUNDS_GRAPHED`), too wide or too large, not asked for often enough yet, or
     the capture refused (the steps then run as they are)."""
+    if not _ROUNDS_GRAPHED or m > _ROUND_GRAPH_WIDTH:  # (off: nothing else to work out)
+        return None
     count = -(-n // _ROUND_GRAPH_STEP) * _ROUND_GRAPH_STEP
     elements = count * (m * m + (last + 2) * m + 2 * last)
-    size = elements * torch.empty((), dtype=dtype).element_size()
-    if not _ROUNDS_GRAPHED or m > _ROUND_GRAPH_WIDTH or size > _ROUND_GRAPH_BYTES:
+    if elements * dtype.itemsize > _ROUND_GRAPH_BYTES:
         return None
     key = (device, count, m, first, last, dtype)
     with _GRAPH_LOCK:
